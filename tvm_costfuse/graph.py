@@ -1,0 +1,263 @@
+"""OpGraph: a read-only view of a Relax function's dataflow bindings, one node per binding.
+
+Every later stage (legality, cost, planner) reasons about this plain-data graph instead of the
+IR, so they can be tested without building anything and can never half-rewrite a module. The
+graph is taken after ``LegalizeOps`` + ``AnnotateTIROpPattern`` (see ``pipeline.prepare``): then
+each operator is a ``call_tir`` to a PrimFunc that carries its ``op_pattern``.
+
+Nodes are the bindings of the function's dataflow blocks, in program order. ``call_tir``
+bindings carry their PrimFunc's pattern, shapes, FLOPs and bytes; ``TupleGetItem`` bindings are
+nodes too (FuseOps may group them), and ride with their producer unless a partition places them
+explicitly. Every other binding (``call_packed``, a plain alias, ``match_cast``...) is a node that
+can never sit in a fused group; ``Node.why_not_fusable`` says why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import tvm
+from tvm import relax, s_tir
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+class OpPattern(IntEnum):
+    """TVM's operator pattern kinds (``AnnotateTIROpPattern``; C++ ``OpPatternKind``)."""
+
+    ELEMWISE = 0
+    BROADCAST = 1
+    INJECTIVE = 2
+    COMM_REDUCE = 3
+    OUT_EWISE_FUSABLE = 4
+    TUPLE = 7
+    OPAQUE = 8
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Shape and dtype of one tensor; ``shape`` entries are ints, or str for symbolic dims."""
+
+    shape: tuple[int | str, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int | None:
+        """Size in bytes, or None when a dimension is symbolic."""
+        if any(isinstance(d, str) for d in self.shape):
+            return None
+        return math.prod(self.shape) * ((tvm.DataType(self.dtype).bits + 7) // 8)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One binding of the dataflow block.
+
+    ``inputs`` names the nodes this binding reads, in argument order without repeats; function
+    parameters appear as ``"%param_name"`` and constants as ``"%const"`` so that they are never
+    mistaken for nodes.
+    """
+
+    name: str
+    index: int
+    kind: str  # "call_tir", "tuple_get_item" or "other"
+    prim_func: str | None
+    pattern: OpPattern
+    inputs: tuple[str, ...]
+    outputs: tuple[TensorInfo, ...]
+    flops: float
+    bytes_read: int
+    bytes_written: int
+    reduction_extent: int
+    why_not_fusable: str | None = None
+    block: int = 0
+
+    @property
+    def fusable(self) -> bool:
+        return self.why_not_fusable is None
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """The bindings of one Relax function as a DAG (edges follow tensors, producer -> consumer)."""
+
+    func_name: str
+    nodes: tuple[Node, ...]
+    consumers: dict[str, tuple[str, ...]] = field(repr=False)
+    # Names whose value leaves the dataflow block (non-dataflow vars, read by the function body).
+    block_outputs: frozenset[str] = frozenset()
+
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", {n.name: n.index for n in self.nodes})
+
+    def __getitem__(self, name: str) -> Node:
+        return self.nodes[self._index[name]]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._index
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def producers(self, name: str) -> tuple[str, ...]:
+        """Nodes that ``name`` reads (parameters and constants left out)."""
+        return tuple(i for i in self[name].inputs if not i.startswith("%"))
+
+    def fusable_names(self) -> list[str]:
+        return [n.name for n in self.nodes if n.fusable]
+
+    def call_tir_names(self) -> list[str]:
+        return [n.name for n in self.nodes if n.kind == "call_tir"]
+
+
+def _tensor_infos(ty) -> tuple[TensorInfo, ...]:
+    if isinstance(ty, relax.TupleType):
+        return tuple(t for f in ty.fields for t in _tensor_infos(f))
+    if isinstance(ty, relax.TensorType) and ty.shape is not None:
+        dims = []
+        for d in ty.shape.values:
+            dims.append(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d))
+        return (TensorInfo(tuple(dims), str(ty.dtype)),)
+    return ()
+
+
+def _nbytes(infos) -> int:
+    return sum(i.nbytes or 0 for i in infos)
+
+
+def _reduction_extent(func: tvm.tirx.PrimFunc) -> int:
+    """Largest product of reduction-axis extents over the PrimFunc's blocks (1 if none)."""
+    sch = s_tir.Schedule(func)
+    best = 1
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        extent = 1
+        for iv in sch.get(rv).iter_vars:
+            if int(iv.iter_type) == 2 and isinstance(iv.dom.extent, tvm.tirx.IntImm):  # CommReduce
+                extent *= int(iv.dom.extent)
+        best = max(best, extent)
+    return best
+
+
+def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int]:
+    func = mod[gvar]
+    attrs = func.attrs or {}
+    pattern = OpPattern(int(attrs["op_pattern"])) if "op_pattern" in attrs else OpPattern.OPAQUE
+    flops = float(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
+    return pattern, flops, _reduction_extent(func)
+
+
+def _leaves(expr) -> list:
+    """Relax leaves an argument expression reads, in order (tuples flattened)."""
+    if isinstance(expr, relax.Tuple):
+        return [leaf for f in expr.fields for leaf in _leaves(f)]
+    return [expr]
+
+
+def binding_name_map(func: relax.Function) -> dict[str, relax.VarBinding]:
+    """Binding name -> binding over all dataflow blocks, rejecting repeated names.
+
+    Partitions refer to bindings by name, so a name must pick exactly one binding.
+    """
+    out: dict[str, relax.Binding] = {}
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        for binding in block.bindings:
+            name = binding.var.name
+            if name in out:
+                raise ValueError(
+                    f"binding name {name!r} is defined twice in the function; names must be "
+                    "unique to refer to bindings (run relax.transform.CanonicalizeBindings or "
+                    "rename)"
+                )
+            out[name] = binding
+    return out
+
+
+def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
+    """Build the OpGraph of ``mod[func_name]`` (a legalized, pattern-annotated module)."""
+    if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise ValueError(f"module has no function named {func_name!r}")
+    func = mod[func_name]
+    if not isinstance(func, relax.Function):
+        raise ValueError(f"{func_name!r} is not a Relax function")
+    binding_name_map(func)  # validates unique names
+
+    param_names = {p: p.name for p in func.params}
+    var_to_node: dict = {}
+    nodes: list[Node] = []
+    consumers: dict[str, list[str]] = {}
+    block_outputs: set[str] = set()
+    dataflow_blocks = [b for b in func.body.blocks if isinstance(b, relax.DataflowBlock)]
+    for block_index, block in enumerate(dataflow_blocks):
+        for binding in block.bindings:
+            name = binding.var.name
+            value = binding.value
+            if not isinstance(binding.var, relax.DataflowVar):
+                block_outputs.add(name)
+            args = []
+            if isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call):
+                args = _leaves(value.args[1]) if value.op.same_as(_CALL_TIR) else _leaves(
+                    relax.Tuple(list(value.args)) if value.args else relax.Tuple([])
+                )
+            elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
+                args = [value.tuple_value]
+            else:
+                args = _leaves(value)
+            inputs: list[str] = []
+            for a in args:
+                if isinstance(a, relax.Var):
+                    src = var_to_node.get(a)
+                    if src is None:  # a parameter, or a var from a non-dataflow block
+                        src = f"%{param_names.get(a, a.name)}"
+                elif isinstance(a, tvm.ir.expr.GenericConst):
+                    src = "%const"
+                else:
+                    continue
+                if src not in inputs:
+                    inputs.append(src)
+            outputs = _tensor_infos(binding.var.ty)
+            in_bytes = 0
+            for a in args:
+                if isinstance(a, relax.Var | tvm.ir.expr.GenericConst):
+                    in_bytes += _nbytes(_tensor_infos(a.ty))
+            if (
+                isinstance(binding, relax.VarBinding)
+                and isinstance(value, relax.Call)
+                and value.op.same_as(_CALL_TIR)
+            ):
+                pattern, flops, red = _prim_func_facts(mod, value.args[0])
+                why = (
+                    f"its PrimFunc {value.args[0].name_hint!r} is opaque (op_pattern 8)"
+                    if pattern == OpPattern.OPAQUE
+                    else None
+                )
+                node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
+                            tuple(inputs), outputs, flops, in_bytes, _nbytes(outputs), red, why,
+                            block_index)
+            elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
+                node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
+                            tuple(inputs), outputs, 0.0, 0, 0, 1, None, block_index)
+            else:
+                what = type(value).__name__
+                if isinstance(value, relax.Call):
+                    what = f"a call to {value.op}"
+                if isinstance(binding, relax.MatchCast):
+                    what = "a match_cast"
+                node = Node(name, len(nodes), "other", None, OpPattern.OPAQUE, tuple(inputs),
+                            outputs, 0.0, 0, 0, 1, f"it is {what}, not a call_tir", block_index)
+            nodes.append(node)
+            var_to_node[binding.var] = name
+            for src in inputs:
+                if not src.startswith("%"):
+                    consumers.setdefault(src, []).append(name)
+    return OpGraph(
+        func_name,
+        tuple(nodes),
+        {k: tuple(v) for k, v in consumers.items()},
+        frozenset(block_outputs),
+    )
