@@ -238,12 +238,12 @@ class _GroupFunction:
                 for b in self.bindings:
                     v = b.value
                     if isinstance(v, relax.TupleGetItem) and v.tuple_value in item_param:
-                        new_of[b.var] = item_param[v.tuple_value][v.index]
+                        new_of[b.var] = remap[b.var] = item_param[v.tuple_value][v.index]
                         continue
                     if isinstance(v, relax.Call):
                         args = list(v.args)
                         args[1] = sub(args[1])
-                        new_value = relax.Call(v.op, args, v.attrs, v.ty_args)
+                        new_value = relax.Call(v.op, args, v.attrs, v.ty_args, ret_ty=v.ty)
                     else:
                         new_value = relax.TupleGetItem(sub(v.tuple_value), v.index)
                     if b.var in self.outputs and not isinstance(b.var.ty, relax.TupleType):
@@ -458,12 +458,35 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
                 tagged[gv] = mod[v.args[0]]
                 args = list(v.args)
                 args[0] = gv
-                b = relax.VarBinding(b.var, relax.Call(v.op, args, v.attrs, v.ty_args))
+                b = relax.VarBinding(b.var, relax.Call(v.op, args, v.attrs, v.ty_args, ret_ty=v.ty))
             new_bindings.append(b)
         blocks.append(relax.DataflowBlock(new_bindings))
     body = relax.SeqExpr(blocks, func.body.body)
-    tagged[func_name] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+    tagged.update_func(
+        tagged.get_global_var(func_name),
+        relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs),
+    )
     fused = relax.transform.FuseOps()(tagged)
+
+    # A TupleGetItem whose tuple comes from outside its group is dropped from the grouped
+    # function (the tuple parameter is split into its fields), so it shows only as a fresh
+    # `tuple[i]` binding feeding the group's call in the fused caller.
+    orig_vars = {b.var for b in by_name.values()}
+    fused_main = fused[func_name]
+    main_value = {
+        b.var: b.value for blk in fused_main.body.blocks for b in blk.bindings
+    }
+    calls = {}
+    for value in main_value.values():
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+            calls[value.op.name_hint] = value
+
+    def original_item(tup, index, taken):
+        return next(
+            n for n, ob in by_name.items()
+            if isinstance(ob.value, relax.TupleGetItem) and ob.value.tuple_value.same_as(tup)
+            and ob.value.index == index and n not in taken
+        )
 
     groups = []
     for gv, f in fused.functions.items():
@@ -471,6 +494,10 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
             continue
         origin: dict = {}  # var inside the grouped function -> original binding name
         group: list[str] = []
+        for arg in calls[gv.name_hint].args:
+            item = main_value.get(arg) if arg not in orig_vars else None
+            if isinstance(item, relax.TupleGetItem) and item.tuple_value in orig_vars:
+                group.append(original_item(item.tuple_value, item.index, group))
         for block in f.body.blocks:
             for b in block.bindings:
                 v = b.value
@@ -478,12 +505,7 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
                     origin[b.var] = tag_of[v.args[0].name_hint]
                 elif isinstance(v, relax.TupleGetItem) and v.tuple_value in origin:
                     producer = by_name[origin[v.tuple_value]].var
-                    origin[b.var] = next(
-                        n for n, ob in by_name.items()
-                        if isinstance(ob.value, relax.TupleGetItem)
-                        and ob.value.tuple_value.same_as(producer) and ob.value.index == v.index
-                        and n not in group
-                    )
+                    origin[b.var] = original_item(producer, v.index, group)
                 else:
                     raise NotImplementedError(
                         f"cannot attribute binding {b.var.name!r} of FuseOps group {gv.name_hint}"

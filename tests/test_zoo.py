@@ -1,0 +1,235 @@
+"""Tests for tvm_costfuse.zoo on the small variants (fast: each builds for llvm in ~0.1-3 s)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_costfuse import zoo
+
+EXPECTED_NAMES = [
+    "mlp_gelu",
+    "attention",
+    "conv_bn_relu",
+    "resnet18",
+    "mobilenetv2",
+    "bert_layer",
+    "gpt2_block",
+    "layernorm_mlp",
+    "rmsnorm",
+    "elementwise_chain",
+]
+
+# Output shapes of the small variants.
+SMALL_OUT_SHAPES = {
+    "mlp_gelu": (1, 8, 32),
+    "attention": (1, 2, 8, 16),
+    "conv_bn_relu": (1, 8, 16, 16),
+    "resnet18": (1, 10),
+    "mobilenetv2": (1, 10),
+    "bert_layer": (1, 8, 32),
+    "gpt2_block": (1, 8, 32),
+    "layernorm_mlp": (1, 8, 32),
+    "rmsnorm": (1, 8, 64),
+    "elementwise_chain": (1, 64, 64),
+}
+
+_TARGET = tvm.target.Target("llvm")
+_RUNS: dict[str, np.ndarray] = {}
+
+
+def _run(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """Compile with the default cpu pipeline (which runs FuseOps/FuseTIR) and run once."""
+    ex = tvm.compile(mod, target=_TARGET, relax_pipeline=relax.get_default_pipeline(_TARGET))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
+
+
+def _small_output(name: str) -> np.ndarray:
+    """Each small model is compiled once per test session."""
+    if name not in _RUNS:
+        _RUNS[name] = _run(*zoo.load(name, small=True))
+    return _RUNS[name]
+
+
+def test_names_exact() -> None:
+    assert zoo.names() == EXPECTED_NAMES
+
+
+@pytest.mark.parametrize("name", EXPECTED_NAMES)
+def test_load_small_structure(name: str) -> None:
+    mod, inputs = zoo.load(name, small=True)
+    relax.analysis.well_formed(mod)  # raises on the first violation
+    assert [gv.name_hint for gv in mod.get_global_vars()] == ["main"]
+    func = mod["main"]
+    assert "num_input" not in func.attrs
+    assert func.attrs["global_symbol"] == "main"
+    # Only the model inputs are parameters; weights are bound constants.
+    assert [p.name for p in func.params] == list(inputs)
+    for param, value in zip(func.params, inputs.values(), strict=True):
+        assert tuple(int(s) for s in param.ty.shape.values) == value.shape
+        assert str(param.ty.dtype) == str(value.dtype) == "float32"
+    # Still high level: no call_tir before LegalizeOps.
+    assert "call_tir" not in mod.script()
+
+
+@pytest.mark.parametrize("name", EXPECTED_NAMES)
+def test_load_is_deterministic(name: str) -> None:
+    mod_a, inputs_a = zoo.load(name, small=True)
+    mod_b, inputs_b = zoo.load(name, small=True)
+    tvm.ir.assert_structural_equal(mod_a, mod_b)  # constants compared by value
+    assert list(inputs_a) == list(inputs_b)
+    for key in inputs_a:
+        np.testing.assert_array_equal(inputs_a[key], inputs_b[key])
+    _, weights_a, _ = zoo._build(name, small=True)
+    _, weights_b, _ = zoo._build(name, small=True)
+    assert list(weights_a) == list(weights_b)
+    for key in weights_a:
+        np.testing.assert_array_equal(weights_a[key], weights_b[key])
+
+
+@pytest.mark.parametrize("name", EXPECTED_NAMES)
+def test_small_compiles_and_runs(name: str) -> None:
+    out = _small_output(name)
+    assert out.shape == SMALL_OUT_SHAPES[name]
+    assert np.isfinite(out).all()
+    assert 0 < np.abs(out).max() < 100  # O(1), not a collapsed or exploding output
+
+
+def test_small_keeps_structure() -> None:
+    """The small variants keep every layer: count the high-level ops."""
+    counts = {}
+    for name in ("resnet18", "mobilenetv2"):
+        script = zoo.load(name, small=True)[0].script()
+        counts[name] = (script.count("R.nn.conv2d("), script.count("R.nn.batch_norm("))
+    assert counts["resnet18"] == (20, 20)  # stem + 8 blocks x 2 + 3 downsamples
+    assert counts["mobilenetv2"] == (52, 52)  # stem + 17 blocks (16 with expand x 3, 1 x 2) + head
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_mlp_gelu_matches_numpy() -> None:
+    _, w, inputs = zoo._build("mlp_gelu", small=True)
+    x = inputs["x"].astype(np.float64)
+    h = _gelu(x @ w["fc1.weight"].T + w["fc1.bias"])
+    ref = h @ w["fc2.weight"].T + w["fc2.bias"]
+    np.testing.assert_allclose(_small_output("mlp_gelu"), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_matches_numpy() -> None:
+    _, w, inputs = zoo._build("attention", small=True)
+    assert w == {}
+    q, k, v = (inputs[n].astype(np.float64) for n in ("q", "k", "v"))
+    ref = _softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])) @ v
+    np.testing.assert_allclose(_small_output("attention"), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_rmsnorm_matches_numpy() -> None:
+    module, w, inputs = zoo._build("rmsnorm", small=True)
+    x = inputs["x"].astype(np.float64)
+    ref = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + module.eps) * w["weight"]
+    np.testing.assert_allclose(_small_output("rmsnorm"), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_rmsnorm_is_spelled_out() -> None:
+    script = zoo.load("rmsnorm", small=True)[0].script()
+    for op in ("R.square(", "R.mean(", "R.add(", "R.rsqrt(", "R.multiply("):
+        assert op in script
+    assert "rms_norm" not in script
+
+
+def test_elementwise_chain_is_long_and_elementwise() -> None:
+    func = zoo.load("elementwise_chain", small=True)[0]["main"]
+    ops = []
+    relax.analysis.post_order_visit(
+        func, lambda e: ops.append(e.op.name) if isinstance(e, relax.Call) else None
+    )
+    assert len(ops) >= 16
+    assert all(not n.startswith(("relax.nn.conv", "relax.matmul", "relax.sum")) for n in ops)
+
+
+def test_gpt2_block_is_causal() -> None:
+    """Changing the last token must not change the outputs of earlier tokens."""
+    mod, inputs = zoo.load("gpt2_block", small=True)
+    ex = tvm.compile(mod, target=_TARGET, relax_pipeline=relax.get_default_pipeline(_TARGET))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    x = inputs["x"]
+    y = x.copy()
+    y[:, -1] += 1.0
+    out_x = vm["main"](tvm.runtime.tensor(x)).numpy()
+    out_y = vm["main"](tvm.runtime.tensor(y)).numpy()
+    np.testing.assert_allclose(out_x[:, :-1], out_y[:, :-1], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(out_x[:, -1], out_y[:, -1])
+
+
+def test_unknown_name_raises() -> None:
+    with pytest.raises(ValueError, match=r"unknown model 'resnet50'; valid names: mlp_gelu, "):
+        zoo.load("resnet50")
+    with pytest.raises(ValueError, match="elementwise_chain"):
+        zoo.load("nope", small=True)
+
+
+def test_load_torch() -> None:
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.fc(x))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(2, 16)
+    mod, inputs = zoo.load_torch(net, (x,))
+    relax.analysis.well_formed(mod)
+    assert [gv.name_hint for gv in mod.get_global_vars()] == ["main"]
+    assert len(mod["main"].params) == 1  # weights bound as constants
+    np.testing.assert_array_equal(next(iter(inputs.values())), x.numpy())
+    with torch.no_grad():
+        ref = net(x).numpy()
+    np.testing.assert_allclose(_run(mod, inputs), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_load_onnx(tmp_path) -> None:
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((16, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("Relu", ["y"], ["out"]),
+        ],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 8])],
+        initializer=[numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "tiny.onnx"
+    onnx.save(model, str(path))
+
+    mod, inputs = zoo.load_onnx(path)
+    relax.analysis.well_formed(mod)
+    assert [gv.name_hint for gv in mod.get_global_vars()] == ["main"]
+    assert list(inputs) == ["x"] and inputs["x"].shape == (2, 16)
+    _, again = zoo.load_onnx(path)
+    np.testing.assert_array_equal(inputs["x"], again["x"])
+    ref = np.maximum(inputs["x"] @ weight, 0)
+    np.testing.assert_allclose(_run(mod, inputs), ref, rtol=1e-5, atol=1e-6)
