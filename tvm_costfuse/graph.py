@@ -244,6 +244,8 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                             tuple(inputs), outputs, 0.0, 0, 0, 1, None, block_index)
             else:
                 what = type(value).__name__
+                if isinstance(value, relax.Var):
+                    what = f"an alias of {value.name!r}"
                 if isinstance(value, relax.Call):
                     what = f"a call to {value.op}"
                 if isinstance(binding, relax.MatchCast):

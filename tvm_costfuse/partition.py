@@ -251,7 +251,10 @@ class _GroupFunction:
                     else:
                         new_of[b.var] = bb.emit(new_value, name_hint=b.var.name)
                     remap[b.var] = new_of[b.var]
-                for var in self.outputs:
+                # Tensors first (a stable sort keeps FuseOps' order), so that a flattened
+                # tuple can reuse the outputs of its items.
+                by_kind = sorted(self.outputs, key=lambda v: isinstance(v.ty, relax.TupleType))
+                for var in by_kind:
                     if isinstance(var.ty, relax.TupleType):
                         # Flatten: a tuple result becomes its fields, reusing field outputs.
                         idx = []
@@ -275,8 +278,10 @@ class _GroupFunction:
             self.params.append(relax.Var("tir_vars", relax.ShapeType(list(free))))
             self.arguments.append(relax.ShapeExpr(list(free)))
             func = relax.Function(self.params, func.body, None, True, func.attrs)
-            # Fresh symbolic vars per function, as FuseOps' SymbolicVarRenewMutator does.
-            func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.dtype) for v in free})
+        # Symbolic vars of its own, not shared with the caller (FuseOps' SymbolicVarRenewMutator).
+        symbolic = relax.analysis.defined_symbolic_vars(func)
+        if symbolic:
+            func = func.bind_symbolic_vars({v: tvm.tirx.Var(v.name, v.ty) for v in symbolic})
         self.function = func
 
     @property

@@ -1,0 +1,57 @@
+"""OpGraph: one node per binding, with patterns, costs and fusability read off the IR."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tvm_costfuse.graph import OpPattern, build_graph
+from conftest import prepared
+
+
+def test_mlp_nodes_patterns_and_edges() -> None:
+    graph = build_graph(prepared("mlp_gelu")[0])
+    kinds = {n.name: (n.kind, n.pattern) for n in graph.nodes}
+    assert kinds["matmul"] == ("call_tir", OpPattern.OUT_EWISE_FUSABLE)
+    assert kinds["gelu"] == ("call_tir", OpPattern.ELEMWISE)
+    assert kinds["gv"][0] == "other"
+    assert graph.producers("add") == ("matmul",)
+    assert "add" in graph.consumers["matmul"]
+    assert graph["matmul"].inputs[0] == "%x"
+    assert "%const" in graph["matmul"].inputs
+    assert graph.block_outputs == {"gv"}
+    assert graph.fusable_names() == [n.name for n in graph.nodes if n.name != "gv"]
+    assert "not a call_tir" in graph["gv"].why_not_fusable
+
+
+def test_matmul_flops_bytes_and_reduction_extent() -> None:
+    graph = build_graph(prepared("mlp_gelu")[0])
+    mm = graph["matmul"]
+    (out,) = mm.outputs
+    assert out.shape == (1, 8, 128) and out.dtype == "float32"
+    k = 32  # small mlp_gelu: hidden 32 -> ffn 128
+    assert mm.flops == 2 * math.prod(out.shape) * k
+    assert mm.reduction_extent == k
+    assert mm.bytes_written == math.prod(out.shape) * 4
+    assert mm.bytes_read == (8 * 32 + 32 * 128) * 4
+
+
+def test_softmax_is_a_reduction_over_the_last_axis() -> None:
+    graph = build_graph(prepared("attention")[0])
+    sm = graph["softmax"]
+    assert sm.reduction_extent == sm.outputs[0].shape[-1]
+    assert graph["divide"].reduction_extent == 1
+
+
+def test_tuple_get_item_nodes_follow_their_producer() -> None:
+    graph = build_graph(prepared("gpt2_block")[0])
+    items = [n for n in graph.nodes if n.kind == "tuple_get_item"]
+    assert len(items) == 3
+    assert {graph.producers(n.name) for n in items} == {("split",)}
+    assert len(graph["split"].outputs) == 3
+
+
+def test_unknown_function_is_rejected() -> None:
+    with pytest.raises(ValueError, match="no function named 'forward'"):
+        build_graph(prepared("mlp_gelu")[0], "forward")
