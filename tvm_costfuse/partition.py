@@ -40,8 +40,10 @@ def _describe(index: int, group: Sequence[str]) -> str:
 def resolve_groups(graph: OpGraph, groups: Sequence[Sequence[str]]) -> list[list[str]]:
     """Validate ``groups`` against ``graph`` and return the groups that will be fused.
 
-    TupleGetItem bindings that no group names join the group of their tuple's producer. Groups
-    left with a single binding are dropped: like FuseOps, a lone binding stays a plain call.
+    TupleGetItem bindings that no group names join the group of their tuple's producer; one
+    named in a group that does not make its tuple stays there only if no other binding
+    reads it. Groups
+    left with a single binding, or with no call_tir, are dropped: they would make no kernel.
     Raises ``PartitionError`` for unknown, repeated or unfusable names, groups that span
     dataflow blocks, and groupings that are not convex or form a cycle between groups.
     """
@@ -88,10 +90,27 @@ def resolve_groups(graph: OpGraph, groups: Sequence[Sequence[str]]) -> list[list
             if src and src[0] in owner:
                 owner[node.name] = owner[src[0]]
                 resolved[owner[src[0]]].append(node.name)
+    # A TupleGetItem computes nothing. One whose tuple comes from outside its group may stay
+    # only if the group alone reads it; otherwise the group would return one of its own
+    # parameters, which FuseTIR cannot lower, so it stays a plain binding.
+    for group in resolved:
+        members = set(group)
+        for name in list(group):
+            if graph[name].kind != "tuple_get_item":
+                continue
+            src = graph.producers(name)
+            readers = set(graph.consumers.get(name, ()))
+            read_inside_only = readers and readers <= members and name not in graph.block_outputs
+            if not (src and src[0] in members) and not read_inside_only:
+                group.remove(name)
+                del owner[name]
     order = {n.name: n.index for n in graph.nodes}
     resolved = [sorted(g, key=order.__getitem__) for g in resolved]
     _check_acyclic(graph, resolved, owner, list(groups))
-    return [g for g in resolved if len(g) > 1]
+    # Like FuseOps, a lone binding stays a plain call; a group needs a kernel to make.
+    return [
+        g for g in resolved if len(g) > 1 and any(graph[n].kind == "call_tir" for n in g)
+    ]
 
 
 def _check_acyclic(graph: OpGraph, resolved, owner, original) -> None:
