@@ -182,7 +182,7 @@ def test_unknown_name_raises() -> None:
 
 
 def test_load_torch() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
 
     class Net(torch.nn.Module):
         def __init__(self) -> None:
@@ -206,7 +206,7 @@ def test_load_torch() -> None:
 
 
 def test_load_onnx(tmp_path) -> None:
-    onnx = pytest.importorskip("onnx")
+    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
