@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 
 from tvm_costfuse import zoo
 from tvm_costfuse.measure import build, run
-from tvm_costfuse.pipeline import prepare
+from tvm_costfuse.passes import prepare
 
 # CI draws the same plans every run (a red CI must be reproducible); set
 # HYPOTHESIS_PROFILE=explore locally to draw new ones.

@@ -12,7 +12,7 @@ from tvm import relax, te, topi
 from tvm_costfuse import PartitionError, apply_partition, fuseops_groups, zoo
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measure import assert_close, build, run
-from tvm_costfuse.pipeline import prepare
+from tvm_costfuse.passes import prepare
 from conftest import prepared, reference
 
 

@@ -3,7 +3,7 @@
 Stages, in the order a module flows through them:
 
 - ``zoo``       -- example models (Relax, built with ``relax.frontend.nn``) and frontends.
-- ``pipeline``  -- TVM's pass sequence with the fusion step swappable; ``prepare`` runs the
+- ``passes``    -- TVM's pass sequence with the fusion step swappable; ``prepare`` runs the
                    passes before fusion.
 - ``graph``     -- ``OpGraph``: a read-only view of the bindings a fusion plan groups.
 - ``partition`` -- ``apply_partition``: any legal grouping -> FuseOps-style grouped functions.

@@ -19,7 +19,7 @@ from . import zoo
 from .graph import build_graph
 from .measure import assert_close, build, median_seconds, run
 from .partition import fuseops_groups
-from .pipeline import prepare
+from .passes import prepare
 
 
 def kernel_launches(mod: tvm.IRModule, fusion: tvm.transform.Pass | None) -> int:

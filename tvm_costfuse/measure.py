@@ -13,7 +13,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .pipeline import build_pipeline
+from .passes import build_pipeline
 
 
 def build(

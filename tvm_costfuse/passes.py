@@ -1,4 +1,4 @@
-"""The pass sequence around fusion, with the fusion step made swappable.
+"""TVM pass sequences around fusion, with the fusion step made swappable.
 
 TVM's CPU pipeline (``relax.backend.cpu_generic``) is: library dispatch, LegalizeOps,
 AnnotateTIROpPattern, FoldConstant, **FuseOps**, FuseTIR, dataflow lowering, finalize. CostFuse
