@@ -19,7 +19,7 @@ def test_mlp_nodes_patterns_and_edges() -> None:
     assert graph.producers("add") == ("matmul",)
     assert "add" in graph.consumers["matmul"]
     assert graph["matmul"].inputs[0] == "%x"
-    assert "%const" in graph["matmul"].inputs
+    assert any(i.startswith("%const") for i in graph["matmul"].inputs)
     assert graph.block_outputs == {"gv"}
     assert graph.fusable_names() == [n.name for n in graph.nodes if n.name != "gv"]
     assert "not a call_tir" in graph["gv"].why_not_fusable

@@ -56,8 +56,8 @@ class Node:
     """One binding of the dataflow block.
 
     ``inputs`` names the nodes this binding reads, in argument order without repeats; function
-    parameters appear as ``"%param_name"`` and constants as ``"%const"`` so that they are never
-    mistaken for nodes.
+    parameters appear as ``"%param_name"`` and constant tensors as ``"%constK"`` so that they
+    are never mistaken for nodes. ``input_bytes`` gives each input's size, aligned with it.
     """
 
     name: str
@@ -67,6 +67,7 @@ class Node:
     pattern: OpPattern
     inputs: tuple[str, ...]
     outputs: tuple[TensorInfo, ...]
+    input_bytes: tuple[int, ...]
     flops: float
     bytes_read: int
     bytes_written: int
@@ -188,6 +189,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
     binding_name_map(func)  # validates unique names
 
     param_names = {p: p.name for p in func.params}
+    const_names: dict = {}  # each constant tensor is one input, however often it is read
     var_to_node: dict = {}
     nodes: list[Node] = []
     consumers: dict[str, list[str]] = {}
@@ -209,22 +211,21 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
             else:
                 args = _leaves(value)
             inputs: list[str] = []
+            sizes: list[int] = []
             for a in args:
                 if isinstance(a, relax.Var):
                     src = var_to_node.get(a)
                     if src is None:  # a parameter, or a var from a non-dataflow block
                         src = f"%{param_names.get(a, a.name)}"
                 elif isinstance(a, tvm.ir.expr.GenericConst):
-                    src = "%const"
+                    src = const_names.setdefault(a, f"%const{len(const_names)}")
                 else:
                     continue
                 if src not in inputs:
                     inputs.append(src)
+                    sizes.append(_nbytes(_tensor_infos(a.ty)))
             outputs = _tensor_infos(binding.var.ty)
-            in_bytes = 0
-            for a in args:
-                if isinstance(a, relax.Var | tvm.ir.expr.GenericConst):
-                    in_bytes += _nbytes(_tensor_infos(a.ty))
+            in_bytes = sum(sizes)
             if (
                 isinstance(binding, relax.VarBinding)
                 and isinstance(value, relax.Call)
@@ -237,11 +238,12 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                     else None
                 )
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
-                            tuple(inputs), outputs, flops, in_bytes, _nbytes(outputs), red, why,
-                            block_index)
+                            tuple(inputs), outputs, tuple(sizes), flops, in_bytes,
+                            _nbytes(outputs), red, why, block_index)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
-                            tuple(inputs), outputs, 0.0, 0, 0, 1, None, block_index)
+                            tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,
+                            block_index)
             else:
                 what = type(value).__name__
                 if isinstance(value, relax.Var):
@@ -251,7 +253,8 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 if isinstance(binding, relax.MatchCast):
                     what = "a match_cast"
                 node = Node(name, len(nodes), "other", None, OpPattern.OPAQUE, tuple(inputs),
-                            outputs, 0.0, 0, 0, 1, f"it is {what}, not a call_tir", block_index)
+                            outputs, tuple(sizes), 0.0, 0, 0, 1,
+                            f"it is {what}, not a call_tir", block_index)
             nodes.append(node)
             var_to_node[binding.var] = name
             for src in inputs:

@@ -49,3 +49,46 @@ def build_pipeline(
             return tvm.transform.Sequential(passes)(mod)
 
     return _pipeline
+
+
+def pipeline(target: tvm.target.Target | str | None = None, **config) -> tvm.transform.Pass:
+    """TVM's pipeline for ``target`` with CostFuse in FuseOps' place and our schedules after
+    FuseTIR: LLVM-CPU rules on llvm, dlight's GPU rules (plus ours) on cuda.
+
+    Use as ``tvm.compile(mod, target, relax_pipeline=tvm_costfuse.pipeline(target))``.
+    ``config`` takes CostFuse's arguments (``max_chain_length=...``); PassContext
+    ``costfuse.*`` keys apply to what is not given. With no target, the pipeline reads
+    ``Target.current()`` when it runs (as the named pipeline ``"costfuse"`` does).
+    """
+    # Imported here: schedules and the pass import this module.
+    from .schedules import schedule_pass as cpu_schedule_pass  # noqa: PLC0415
+    from .schedules.cuda import cuda_pipeline  # noqa: PLC0415
+    from .transform import CostFuse  # noqa: PLC0415
+
+    def make(t: tvm.target.Target) -> tvm.transform.Pass:
+        fusion = CostFuse(target=t, **config)
+        if t.kind.name == "cuda":
+            return cuda_pipeline(t, fusion)
+        if t.kind.name != "llvm":
+            raise ValueError(f"CostFuse supports llvm and cuda targets, not {t.kind.name!r}")
+        return build_pipeline(t, fusion, cpu_schedule_pass(t))
+
+    if target is not None:
+        return make(tvm.target.Target(target))
+
+    @tvm.transform.module_pass(opt_level=0, name="CostFusePipeline")
+    def _deferred(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        current = tvm.target.Target.current()
+        if current is None:
+            raise ValueError("the costfuse pipeline needs a target: call it under `with target`")
+        return make(current)(mod)
+
+    return _deferred
+
+
+def register_named_pipeline() -> None:
+    """Register ``"costfuse"`` with ``relax.get_pipeline`` (idempotent)."""
+    from tvm.relax.pipeline import PIPELINE_MAP  # noqa: PLC0415
+
+    if "costfuse" not in PIPELINE_MAP:
+        relax.pipeline.register_pipeline("costfuse")(pipeline)

@@ -1,0 +1,217 @@
+"""Block analysis, inlining and the generic loop schedule shared by the CPU rules.
+
+Predicates (``is_spatial``, ``expr_size``, ``vector_lanes``...) only read IR. The helpers that
+take a ``Schedule`` mutate it through schedule primitives, whose own legality checks raise
+instead of producing a wrong program; the rules catch that and fall through to the next rule.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.target import Target
+from tvm.target.codegen import llvm_get_vector_width
+
+# Inlining substitutes the producer's expression at every load: a producer that reads its own
+# input twice (gelu, silu) doubles per step. Above this many IR nodes in one block body we keep
+# the intermediate in memory instead (compile time and code size explode otherwise).
+MAX_INLINED_EXPR_NODES = 512
+
+# Below this many iterations the cost of waking the thread pool (a few microseconds) exceeds
+# the work; such loops stay serial.
+MIN_PARALLEL_ITERS = 2048
+
+# The same break-even for contractions, in multiply-adds: 2**18 FMAs is ~10 us on one AVX-512
+# core, about what the pool's wake-up and join cost.
+MIN_PARALLEL_FMAS = 1 << 18
+
+# The parallel loop should have at least this many iterations per core so static chunking
+# balances; with fewer outer rows the split-off vector-chunk loop joins the parallel loop.
+PARALLEL_CHUNKS_PER_CORE = 4
+
+
+def num_cores(target: Target) -> int:
+    """Cores the target declares (``num-cores``), else the cores this process may use."""
+    n = target.attrs.get("num-cores", None)
+    if n is not None and int(n) > 0:
+        return int(n)
+    return len(os.sched_getaffinity(0))
+
+
+def vector_lanes(target: Target, dtype: str) -> int:
+    """SIMD lanes for ``dtype`` on ``target`` (AVX-512 float32: 16); 128-bit if LLVM can't tell."""
+    bits = llvm_get_vector_width(target)
+    if bits is None or bits <= 0:
+        bits = 128
+    return max(bits // tvm.DataType(dtype).bits, 1)
+
+
+def vector_registers(target: Target) -> int:
+    """Architectural vector registers: 32 with AVX-512 (zmm0-31), else 16 (x86 ymm, NEON: 32)."""
+    bits = llvm_get_vector_width(target)
+    return 32 if bits is not None and bits >= 512 else 16
+
+
+def int_extent(sch: s_tir.Schedule, loop: LoopRV) -> int | None:
+    """The loop's constant extent, or None when symbolic."""
+    ext = sch.get(loop).extent
+    return int(ext.value) if isinstance(ext, tirx.IntImm) else None
+
+
+def largest_divisor(n: int, cap: int) -> int:
+    """Largest d <= cap dividing n (1 at worst): tiles that divide exactly need no tail guard."""
+    for d in range(min(n, cap), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def vector_tile(extent: int, lanes: int, max_vectors: int = 1) -> int:
+    """A tile for the vectorized loop: a power-of-two multiple of ``lanes``, or one register.
+
+    Measured on znver4 (AVX-512): vector widths that are not a power-of-two number of registers
+    (28 or 48 float32 lanes) are legalized badly by LLVM and ran 3-9x slower than 14 or 64
+    lanes, and a non-dividing tile adds a guard that blocks vectorization. So: the largest
+    ``lanes * 2**i <= max_vectors * lanes`` dividing ``extent``, else the largest divisor of
+    ``extent`` that fits one register (7 of a 7x7 feature map: partly filled, still SIMD).
+    """
+    k = 1
+    while k * 2 <= max_vectors:
+        k *= 2
+    while k >= 1:
+        if extent % (k * lanes) == 0:
+            return k * lanes
+        k //= 2
+    return largest_divisor(extent, lanes)
+
+
+def is_spatial(block: tirx.SBlock) -> bool:
+    """Every iter of the block is data-parallel (elementwise, broadcast, injective)."""
+    return all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
+
+
+def expr_size(node) -> int:
+    """Number of IR nodes under ``node`` (a proxy for code size after inlining)."""
+    count = 0
+
+    def _visit(_):
+        nonlocal count
+        count += 1
+
+    tvm_ffi.structural_walk(node, (tirx.Expr, _visit), order="post")
+    return count
+
+
+# Calls that cost about as much as an add; every other call (exp, erf, tanh, log, sqrt,
+# sigmoid...) is a libm routine costing tens of cycles per element.
+_CHEAP_CALLS = frozenset(
+    {
+        "prim.if_then_else",
+        "tirx.if_then_else",
+        "tirx.fabs",
+        "tirx.likely",
+        "tirx.floor",
+        "tirx.ceil",
+        "tirx.round",
+        "tirx.trunc",
+        "tirx.nearbyint",
+    }
+)
+
+
+def has_costly_call(node) -> bool:
+    """Whether ``node`` calls a transcendental (anything not in ``_CHEAP_CALLS``)."""
+    found = False
+
+    def _visit(call):
+        nonlocal found
+        op = getattr(call, "op", None)
+        if op is not None and getattr(op, "name", "") not in _CHEAP_CALLS:
+            found = True
+
+    tvm_ffi.structural_walk(node, (tvm.ir.expr.Call, _visit), order="post")
+    return found
+
+
+def count_loads(node, buffer) -> int:
+    """How many times ``node`` loads from ``buffer``."""
+    count = 0
+
+    def _visit(load):
+        nonlocal count
+        count += int(load.source.same_as(buffer))
+
+    tvm_ffi.structural_walk(node, (tvm.ir.expr.TensorLoad, _visit), order="post")
+    return count
+
+
+def _inline_recomputes(producer, consumers) -> bool:
+    """Inlining would evaluate the producer's transcendental calls more than once per element.
+
+    Then the intermediate is cheaper in memory (or, under a row loop, in cache) than recomputed:
+    ``x * x`` of a tanh/exp chain, or softmax's exp read by both the sum and the division.
+    """
+    if not has_costly_call(producer.body):
+        return False
+    out = producer.writes[0].source
+    return sum(count_loads(c.body, out) for c in consumers) > 1
+
+
+def root_blocks(sch: s_tir.Schedule) -> list[SBlockRV]:
+    """The blocks directly under the root block, in program order."""
+    body = sch.mod["main"].body
+    if not isinstance(body, s_tir.SBlockRealize):
+        return []
+    return list(sch.get_child_blocks(sch.get_sblock(body.block.name_hint)))
+
+
+def inline_spatial(sch: s_tir.Schedule, protect: set[str] | None = None) -> None:
+    """Inline every spatial intermediate into its consumers, then epilogues into producers.
+
+    Blocks named in ``protect`` are never inlined into (a contraction reads each input element
+    many times, so inlining a producer into it would recompute it K times; the producer stays
+    materialized and is streamed once).
+    """
+    protect = protect or set()
+    changed = True
+    while changed:
+        changed = False
+        for block in root_blocks(sch):
+            stmt = sch.get(block)
+            if not is_spatial(stmt) or stmt.name_hint in protect:
+                continue
+            consumers = [sch.get(c) for c in sch.get_consumers(block)]
+            if not consumers or any(c.name_hint in protect for c in consumers):
+                continue
+            size = expr_size(stmt.body)
+            if any(expr_size(c.body) + size > MAX_INLINED_EXPR_NODES for c in consumers):
+                continue
+            if len(stmt.writes) != 1 or _inline_recomputes(stmt, consumers):
+                continue
+            try:
+                sch.compute_inline(block)
+                changed = True
+            except s_tir.ScheduleError:
+                continue
+        for block in root_blocks(sch):
+            stmt = sch.get(block)
+            if not is_spatial(stmt) or stmt.name_hint in protect:
+                continue
+            producers = [sch.get(p) for p in sch.get_producers(block)]
+            if len(producers) != 1 or not is_spatial(producers[0]):
+                continue
+            if producers[0].name_hint in protect:
+                continue
+            if expr_size(stmt.body) + expr_size(producers[0].body) > MAX_INLINED_EXPR_NODES:
+                continue
+            if len(producers[0].writes) != 1 or _inline_recomputes(producers[0], [stmt]):
+                continue
+            try:
+                sch.reverse_compute_inline(block)
+                changed = True
+            except s_tir.ScheduleError:
+                continue

@@ -1,0 +1,158 @@
+"""Loop-level building blocks of the CPU rules: classify, parallelize, vectorize, fall back.
+
+``SafeRule`` is the base of every rule here: it runs the rule on a fresh schedule and turns any
+failed precondition or rejected primitive into "does not apply" (None), so a rule can only
+return a schedule whose every step TVM's own legality checks accepted.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.target import Target
+
+from ._common import (
+    MIN_PARALLEL_ITERS,
+    PARALLEL_CHUNKS_PER_CORE,
+    int_extent,
+    largest_divisor,
+    num_cores,
+    root_blocks,
+    vector_lanes,
+)
+
+
+def loop_kinds(sch: s_tir.Schedule, block: SBlockRV) -> list[str] | None:
+    """Per loop of ``block`` (outer to inner): "S" or "R" for the iter it binds, else None.
+
+    Only trivial bindings (each iter is one loop var) are classified; anything else returns None
+    so callers don't guess.
+    """
+    stmt = sch.get(block)
+    values = get_sblockrealize(sch, block).iter_values
+    loops = sch.get_loops(block)
+    var_kind = {}
+    for iv, val in zip(stmt.iter_vars, values):
+        if not isinstance(val, tirx.Var):
+            if isinstance(val, tirx.IntImm):
+                continue
+            return None
+        var_kind[val] = "S" if iv.iter_type == tirx.IterVar.DataPar else "R"
+    kinds = []
+    for loop in loops:
+        var = sch.get(loop).loop_var
+        kinds.append(var_kind.get(var, "S" if int_extent(sch, loop) == 1 else None))
+    if any(k is None for k in kinds):
+        return None
+    return kinds
+
+
+def parallelize(
+    sch: s_tir.Schedule, loops: list[LoopRV], work: int, threshold: int = MIN_PARALLEL_ITERS
+) -> LoopRV | None:
+    """Fuse ``loops`` (outer, spatial); mark the result parallel when ``work >= threshold``.
+
+    ``work`` is whatever unit ``threshold`` is in (elements by default, FMAs for contractions):
+    below it, waking the thread pool costs more than the loop.
+    """
+    if not loops:
+        return None
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if work >= threshold:
+        sch.parallel(fused)
+    return fused
+
+
+def _product(extents: list[int | None]) -> int | None:
+    out = 1
+    for e in extents:
+        if e is None:
+            return None
+        out *= e
+    return out
+
+
+def _injective_tile(extent: int, lanes: int) -> int:
+    """Vector tile for a copy-like loop (no accumulators, so no register-pressure limit).
+
+    A whole row up to 8 registers wide is one vector statement even at odd widths (a 114-wide
+    padded row beats 19 six-lane pieces); longer rows take lanes-multiples that divide.
+    """
+    for k in (4, 2, 1):
+        if extent % (k * lanes) == 0:
+            return k * lanes
+    if extent <= 8 * lanes:
+        return extent
+    return largest_divisor(extent, lanes)
+
+
+def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> None:
+    """Generic CPU schedule for one block at the root: parallel outer S loops, vector inner.
+
+    Spatial blocks: the innermost loop is split at the vector width and vectorized, all loops
+    above are fused and parallelized. Reduction blocks: the leading spatial loops are fused and
+    parallelized; reduction loops stay serial (vectorizing them needs reassociation).
+    """
+    kinds = loop_kinds(sch, block)
+    loops = sch.get_loops(block)
+    if kinds is None or not loops:
+        return
+    stmt = sch.get(block)
+    if not stmt.writes:
+        return
+    dtype = str(stmt.writes[0].source.dtype)
+    lanes = vector_lanes(target, dtype)
+    extents = [int_extent(sch, lp) for lp in loops]
+    if all(k == "S" for k in kinds):
+        inner, ext, outer = loops[-1], extents[-1], list(loops[:-1])
+        if ext is not None and ext > 1:
+            tile = _injective_tile(ext, lanes)
+            if tile >= 2:
+                if tile < ext:
+                    lo, inner = sch.split(inner, factors=[None, tile])
+                    rows = _product(extents[:-1])
+                    if rows is not None and rows < PARALLEL_CHUNKS_PER_CORE * num_cores(target):
+                        outer.append(lo)  # too few rows to keep every core busy
+                sch.vectorize(inner)
+        total = _product(extents)
+        parallelize(sch, outer, total if total is not None else MIN_PARALLEL_ITERS)
+        return
+    lead = []
+    work = 1
+    for loop, kind, ext in zip(loops, kinds, extents):
+        if kind != "S":
+            break
+        lead.append(loop)
+    for ext in extents:
+        work = work * ext if (ext is not None and work is not None) else None
+    if lead:
+        parallelize(sch, lead, work if work is not None else MIN_PARALLEL_ITERS)
+
+
+class SafeRule(CPUScheduleRule):
+    """Runs ``_apply`` on a fresh schedule; any error means "does not apply" (returns None)."""
+
+    def apply(self, func, target: Target, tunable: bool):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        return self.guarded(func, target, self._apply)
+
+    @staticmethod
+    def guarded(func: tirx.PrimFunc, target: Target, schedule) -> s_tir.Schedule | None:
+        """``schedule(fresh Schedule(func), target)``, or None if any step raises."""
+        try:
+            return schedule(s_tir.Schedule(func), target)
+        except Exception:  # noqa: BLE001 -- a failed precondition or primitive check
+            return None
+
+    def _apply(self, sch: s_tir.Schedule, target: Target) -> s_tir.Schedule | None:
+        raise NotImplementedError
+
+
+def schedule_rest(sch: s_tir.Schedule, target: Target, done: set[str]) -> None:
+    """Generic schedule for every root block a rule did not handle itself."""
+    for block in root_blocks(sch):
+        if sch.get(block).name_hint not in done:
+            schedule_root_block(sch, block, target)

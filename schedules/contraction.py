@@ -1,0 +1,186 @@
+"""Contraction rule: matmul, batch matmul, conv2d (1x1, depthwise) with producers/epilogue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import ir, s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
+
+from ._common import (
+    MIN_PARALLEL_FMAS,
+    inline_spatial,
+    int_extent,
+    is_spatial,
+    largest_divisor,
+    root_blocks,
+    vector_lanes,
+    vector_registers,
+    vector_tile,
+)
+from ._loops import SafeRule, loop_kinds, parallelize, schedule_rest
+
+
+@dataclass(frozen=True)
+class _ContractionShape:
+    """What the contraction tiling needs to know about ``C[s...] += A[...] * B[...]``."""
+
+    vec: tirx.Var  # block var of the output's last index: the vectorized axis
+    row: tirx.Var | None  # block var blocked into registers (not read by the streamed operand)
+    streamed_larger: bool  # the operand indexed by `vec` holds more elements than the other
+
+
+def _load(expr):
+    """The BufferLoad under an optional Cast, else None."""
+    if isinstance(expr, tirx.Cast):
+        expr = expr.value
+    return expr if isinstance(expr, ir.TensorLoad) else None
+
+
+def _uses(exprs, var: tirx.Var) -> bool:
+    """Whether any expression in ``exprs`` mentions ``var`` (identity, not ``==``: on TIR
+    expressions ``==`` builds an ``EQ`` node instead of comparing)."""
+    found = []
+    for expr in exprs:
+        tvm_ffi.structural_walk(expr, (tirx.Var, found.append), order="post")
+    return any(v.same_as(var) for v in found)
+
+
+def _analyze_contraction(block: s_tir.SBlock) -> _ContractionShape | None:
+    """Match ``C[v...] = C[v...] + A[..] * B[..]`` with ``v`` plain spatial block vars."""
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
+        return None
+    acc, prod = store.value.a, store.value.b
+    if not (isinstance(acc, ir.TensorLoad) and acc.source.same_as(store.buffer)):
+        return None
+    if not isinstance(prod, tirx.Mul):
+        return None
+    lhs, rhs = _load(prod.a), _load(prod.b)
+    if lhs is None or rhs is None:
+        return None
+    kinds = {iv.var: iv.iter_type for iv in block.iter_vars}
+    extents = {iv.var: iv.dom.extent for iv in block.iter_vars}
+    if not all(
+        isinstance(i, tirx.IntImm)
+        or (isinstance(i, tirx.Var) and kinds.get(i) == tirx.IterVar.DataPar)
+        for i in store.indices
+    ) or not isinstance(store.indices[-1], tirx.Var):
+        return None  # constant indices: unit dims that normalize_prim_func bound to 0
+    if not isinstance(extents[store.indices[-1]], tirx.IntImm):
+        return None  # the vector tile must divide a known extent
+    vec = store.indices[-1]
+    streamed = [ld for ld in (lhs, rhs) if _uses([ld.indices[-1]], vec)]
+    if len(streamed) != 1:
+        return None
+    streamed = streamed[0]
+    other = rhs if streamed is lhs else lhs
+    cands = [
+        v
+        for v in store.indices
+        if isinstance(v, tirx.Var)
+        and not v.same_as(vec)
+        and isinstance(extents[v], tirx.IntImm)
+        and int(extents[v]) > 1
+    ]  # a symbolic extent (dynamic batch) stays an outer loop
+    cands.sort(key=lambda v: (_uses(streamed.indices, v), -int(extents[v])))
+    row = cands[0] if cands else None
+
+    def _numel(ld):
+        n = 1
+        for s in ld.source.shape:
+            n *= int(s) if isinstance(s, tirx.IntImm) else 1 << 20
+        return n
+
+    return _ContractionShape(vec, row, _numel(streamed) >= _numel(other))
+
+
+class Contraction(SafeRule):
+    """Matmul, batch matmul, conv2d (incl. 1x1, depthwise) with spatial producers/epilogue.
+
+    Loop nest: ``parallel(tile of the bigger operand, other spatial, other tile) -> reduction
+    loops -> row tile (unrolled) -> vector tile (vectorized)``. The ``row x vec`` accumulator
+    lives in a ``local`` buffer that LLVM promotes to registers; the epilogue is inlined into
+    its write-back so the contraction result never reaches memory. Producers (pad, transpose)
+    are not inlined into the contraction, which reads each element many times: they stay one
+    streamed, parallel, vectorized pass (a transpose so becomes a packing step).
+    """
+
+    def _apply(self, sch, target):
+        if normalize_prim_func(sch) is None:
+            return None
+        reductions = [b for b in root_blocks(sch) if not is_spatial(sch.get(b))]
+        if len(reductions) != 1:
+            return None
+        name = sch.get(reductions[0]).name_hint
+        shape = _analyze_contraction(sch.get(reductions[0]))
+        if shape is None:
+            return None
+        inline_spatial(sch, protect={name})
+        main = sch.get_sblock(name)
+        consumers = sch.get_consumers(main)
+        if len(consumers) > 1:
+            return None
+
+        stmt = sch.get(main)
+        lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
+        accumulators = vector_registers(target) // 2  # the other half: operands, addresses
+        values = get_sblockrealize(sch, main).iter_values
+        loops = sch.get_loops(main)
+        kinds = loop_kinds(sch, main)
+        if kinds is None:  # normalize_prim_func dropped unit loops: their iters bind constants
+            return None
+        var_of_loop = {}
+        for iv, val in zip(stmt.iter_vars, values):
+            var_of_loop[val] = iv.var
+        spatial, reduce_loops, vec_loop, row_loop = [], [], None, None
+        for loop, kind in zip(loops, kinds):
+            var = var_of_loop.get(sch.get(loop).loop_var)
+            if kind == "R":
+                reduce_loops.append(loop)
+            elif var is not None and var.same_as(shape.vec):
+                vec_loop = loop
+            elif var is not None and shape.row is not None and var.same_as(shape.row):
+                row_loop = loop
+            else:
+                spatial.append(loop)
+        if vec_loop is None or not reduce_loops:
+            return None
+
+        vec_ext = int_extent(sch, vec_loop)
+        vtile = vector_tile(vec_ext, lanes, max_vectors=2 if row_loop is not None else 4)
+        vo, vi = sch.split(vec_loop, factors=[None, vtile])
+        nvec = -(-vtile // lanes)
+        inner, outer_tiles = [vi], [vo]
+        if row_loop is not None:
+            rtile = largest_divisor(int_extent(sch, row_loop), max(1, accumulators // nvec))
+            ro, ri = sch.split(row_loop, factors=[None, rtile])
+            inner = [ri, vi]
+            outer_tiles = [vo, ro] if shape.streamed_larger else [ro, vo]
+        order = [outer_tiles[0], *spatial, *outer_tiles[1:]]
+        sch.reorder(*order, *reduce_loops, *inner)
+        fmas = 1
+        for lp in [*order, *reduce_loops, *inner]:
+            fmas *= int_extent(sch, lp) or MIN_PARALLEL_FMAS  # symbolic: assume plenty
+        tile_loop = parallelize(sch, order, fmas, MIN_PARALLEL_FMAS)
+
+        writeback = sch.cache_write(main, 0, "local")
+        if consumers:
+            try:
+                sch.reverse_compute_inline(consumers[0])
+            except s_tir.ScheduleError:
+                pass  # epilogue stays a separate (generically scheduled) pass
+        sch.reverse_compute_at(writeback, tile_loop, preserve_unit_loops=True)
+        if len(inner) == 2 and int_extent(sch, inner[0]) > 1:
+            sch.unroll(inner[0])
+        sch.vectorize(inner[-1])  # before decompose: the update block alone is no reduction
+        init = sch.decompose_reduction(main, reduce_loops[0])
+        for blk in (init, writeback):
+            blk_loops = sch.get_loops(blk)
+            if len(blk_loops) > 1 and (int_extent(sch, blk_loops[-1]) or 0) > 1:
+                sch.vectorize(blk_loops[-1])
+        done = {sch.get(b).name_hint for b in (main, init, writeback)}
+        schedule_rest(sch, target, done)
+        return sch

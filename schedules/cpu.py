@@ -1,0 +1,63 @@
+"""LLVM-CPU schedule rules for fused PrimFuncs (run right after FuseTIR).
+
+FuseTIR concatenates loop nests: each intermediate is still a buffer and no loop is parallel or
+vectorized. The rules below turn any such PrimFunc into a parallel, vectorized nest in which the
+spatial intermediates are inlined, so a fusion decision can show up in the measured time.
+
+Rules are tried in the order :func:`rules` returns (first that applies wins, as in dlight):
+
+1. :class:`Contraction` -- one matmul / batch-matmul / conv2d / depthwise block
+   (``C += A * B``) plus spatial producers and at most one epilogue: register-blocked tiles,
+   accumulator in a local buffer, epilogue computed from registers.
+2. :class:`RowReduction` -- softmax, layer/RMS norm, mean, sum chains whose blocks share
+   leading spatial axes: parallel over rows, every block computed per row, inner loops
+   vectorized.
+3. :class:`Fallback` -- always applies: inline spatial intermediates, then each remaining
+   block gets parallel outer spatial loops and a vectorized inner loop.
+
+A rule that cannot prove its preconditions, or whose schedule primitives reject a step, returns
+None and the next rule is tried; a function no rule schedules is left as it was (still correct).
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+from ._common import (
+    inline_spatial,
+    root_blocks,
+)
+from ._loops import SafeRule, schedule_rest
+from .contraction import Contraction
+from .reduction import RowReduction
+
+__all__ = ["Contraction", "Fallback", "RowReduction", "rules"]
+
+
+class Fallback(SafeRule):
+    """Always applies: inline spatial intermediates, then parallelize + vectorize each block."""
+
+    def apply(self, func, target: Target, tunable: bool):
+        sch = super().apply(func, target, tunable)
+        if sch is None and isinstance(func, tirx.PrimFunc) and self.is_target_available(target):
+            # inlining tripped over something: schedule the blocks as they are
+            sch = self.guarded(func, target, self._schedule_blocks)
+        return sch
+
+    def _apply(self, sch, target):
+        inline_spatial(sch)
+        return self._schedule_blocks(sch, target)
+
+    @staticmethod
+    def _schedule_blocks(sch, target):
+        if not root_blocks(sch):
+            return None
+        schedule_rest(sch, target, done=set())
+        return sch
+
+
+def rules() -> list[dl.ScheduleRule]:
+    """The CPU rules in policy order: most specific first, the always-applying one last."""
+    return [Contraction(), RowReduction(), Fallback()]

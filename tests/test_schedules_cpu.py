@@ -1,0 +1,329 @@
+"""CPU schedule rules: structure of the scheduled IR (no timing) and numerics vs the stock build.
+
+Structural tests apply one rule to a small TVMScript PrimFunc and assert on the loops it made
+(parallel / vectorized / unrolled), which blocks were inlined and where the accumulator lives.
+Numeric tests compile a Relax graph with FuseOps + our rules and with TVM's stock pipeline and
+require allclose outputs (float reassociation tolerance).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.script import tirx as T
+from tvm_costfuse.schedules import (
+    Contraction,
+    Fallback,
+    RowReduction,
+    bench,
+    host_target,
+    rules,
+    schedule_pass,
+)
+
+TARGET = host_target(2)
+RTOL, ATOL = 1e-4, 1e-5
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _loops(func: tirx.PrimFunc) -> list[tirx.For]:
+    found = []
+    tvm_ffi.structural_walk(func.body, (tirx.For, found.append), order="pre")
+    return found
+
+
+def _kinds(func: tirx.PrimFunc) -> set:
+    return {loop.kind for loop in _loops(func)}
+
+
+def _block_names(func: tirx.PrimFunc) -> set[str]:
+    from tvm import s_tir
+
+    names = set()
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: names.add(b.name_hint)))
+    return names
+
+
+def _scheduled(rule, func) -> tirx.PrimFunc:
+    sch = rule.apply(func, TARGET, False)
+    assert sch is not None, f"{type(rule).__name__} did not apply"
+    return sch.mod["main"]
+
+
+def _check_numerics(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> None:
+    ref = bench.run(bench.build(mod, TARGET, "stock"), mod, inputs)
+    got = bench.run(bench.build(mod, TARGET, "fuseops"), mod, inputs)
+    assert bench.max_mismatch(ref, got, RTOL, ATOL) <= 1.0
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@T.prim_func(private=True, s_tir=True)
+def elementwise_chain(a: T.Buffer((64, 256), "float32"), c: T.Buffer((64, 256), "float32")):
+    b = T.sblock_alloc_buffer((64, 256))
+    for i, j in T.grid(64, 256):
+        with T.sblock("b"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            b[vi, vj] = a[vi, vj] + T.float32(1)
+    for i, j in T.grid(64, 256):
+        with T.sblock("c"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            c[vi, vj] = T.exp(b[vi, vj]) * T.float32(2)
+
+
+@T.prim_func(private=True, s_tir=True)
+def matmul_bias_relu(
+    a: T.Buffer((128, 256), "float32"),
+    w: T.Buffer((256, 512), "float32"),
+    bias: T.Buffer((512,), "float32"),
+    out: T.Buffer((128, 512), "float32"),
+):
+    acc = T.sblock_alloc_buffer((128, 512))
+    for i, j, k in T.grid(128, 512, 256):
+        with T.sblock("matmul"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                acc[vi, vj] = T.float32(0)
+            acc[vi, vj] = acc[vi, vj] + a[vi, vk] * w[vk, vj]
+    for i, j in T.grid(128, 512):
+        with T.sblock("epilogue"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = T.max(acc[vi, vj] + bias[vj], T.float32(0))
+
+
+@T.prim_func(private=True, s_tir=True)
+def softmax(x: T.Buffer((256, 128), "float32"), y: T.Buffer((256, 128), "float32")):
+    mx = T.sblock_alloc_buffer((256,))
+    e = T.sblock_alloc_buffer((256, 128))
+    s = T.sblock_alloc_buffer((256,))
+    for i, k in T.grid(256, 128):
+        with T.sblock("max"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                mx[vi] = T.min_value("float32")
+            mx[vi] = T.max(mx[vi], x[vi, vk])
+    for i, j in T.grid(256, 128):
+        with T.sblock("exp"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            e[vi, vj] = T.exp(x[vi, vj] - mx[vi])
+    for i, k in T.grid(256, 128):
+        with T.sblock("sum"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                s[vi] = T.float32(0)
+            s[vi] = s[vi] + e[vi, vk]
+    for i, j in T.grid(256, 128):
+        with T.sblock("norm"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            y[vi, vj] = e[vi, vj] / s[vi]
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def test_host_target_uses_real_cpu():
+    assert TARGET.attrs["mcpu"] not in ("", "generic", "native")
+    assert int(TARGET.attrs["num-cores"]) == 2
+
+
+def test_rule_order_is_specific_first_fallback_last():
+    assert [type(r) for r in rules()] == [Contraction, RowReduction, Fallback]
+
+
+def test_fallback_inlines_producer_and_parallelizes_vectorizes():
+    func = _scheduled(Fallback(), elementwise_chain)
+    assert _block_names(func) == {"root", "c"}  # "b" never reaches memory
+    assert {tirx.ForKind.PARALLEL, tirx.ForKind.VECTORIZED} <= _kinds(func)
+    vec = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
+    assert len(vec) == 1 and int(vec[0].extent) % 16 == 0  # AVX-512: 16 float32 lanes
+
+
+def test_contraction_register_blocks_and_inlines_epilogue():
+    func = _scheduled(Contraction(), matmul_bias_relu)
+    names = _block_names(func)
+    assert "epilogue" not in names and "matmul_update" in names and "matmul_init" in names
+    script = func.script()
+    assert 'scope="local"' in script  # accumulator tile, not the global intermediate
+    assert "acc = " not in script and "T.sblock_alloc_buffer((128, 512))" not in script
+    kinds = _kinds(func)
+    assert {tirx.ForKind.PARALLEL, tirx.ForKind.VECTORIZED, tirx.ForKind.UNROLLED} <= kinds
+    update_nest = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
+    assert all(int(lp.extent) % 16 == 0 for lp in update_nest)
+
+
+def test_row_reduction_computes_everything_per_row():
+    func = _scheduled(RowReduction(), softmax)
+    outer = func.body.block.body  # the single root loop
+    assert isinstance(outer, tirx.For) and outer.kind == tirx.ForKind.PARALLEL
+    assert int(outer.extent) == 256
+    names = _block_names(func)
+    # exp feeds both sum and norm: kept per row (in cache) rather than computed twice
+    assert "exp" in names
+    # 128-long rows are rfactored into 16 vector lanes of partial max / sum
+    assert {"max_rf_update", "sum_rf_update"} <= names
+    assert tirx.ForKind.VECTORIZED in _kinds(func)
+
+
+def test_costly_producer_read_twice_is_not_inlined():
+    @T.prim_func(private=True, s_tir=True)
+    def square_of_exp(a: T.Buffer((64, 256), "float32"), c: T.Buffer((64, 256), "float32")):
+        b = T.sblock_alloc_buffer((64, 256))
+        for i, j in T.grid(64, 256):
+            with T.sblock("b"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = T.exp(a[vi, vj])
+        for i, j in T.grid(64, 256):
+            with T.sblock("c"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                c[vi, vj] = b[vi, vj] * b[vi, vj]
+
+    assert _block_names(_scheduled(Fallback(), square_of_exp)) == {"root", "b", "c"}
+
+
+def test_rules_decline_what_they_do_not_match():
+    assert Contraction().apply(softmax, TARGET, False) is None
+    assert Contraction().apply(elementwise_chain, TARGET, False) is None
+    assert RowReduction().apply(elementwise_chain, TARGET, False) is None
+
+
+def test_schedule_pass_marks_every_kernel_scheduled():
+    mod = tvm.IRModule({"a": elementwise_chain, "b": matmul_bias_relu, "c": softmax})
+    with TARGET:
+        out = schedule_pass(TARGET)(mod)
+    for _, func in out.functions_items():
+        assert bool(func.attrs["tirx.is_scheduled"])
+
+
+# ----------------------------------------------------------------------------- numerics
+
+
+def _graph(build, shapes: dict[str, tuple], seed: int = 0):
+    """A one-function Relax module from ``build(bb, vars)`` plus random inputs."""
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, *params))
+        bb.emit_func_output(out)
+    inputs = {n: rng.standard_normal(s).astype("float32") for n, s in shapes.items()}
+    return bb.get(), inputs
+
+
+def _const(rng, *shape):
+    return relax.const(rng.standard_normal(shape).astype("float32") * 0.1)
+
+
+_RNG = np.random.default_rng(1)
+OP = relax.op
+CASES = {
+    "matmul_bias_gelu": (
+        lambda bb, x: OP.nn.gelu(OP.add(OP.matmul(x, _const(_RNG, 96, 80)), _const(_RNG, 80))),
+        {"x": (24, 96)},
+    ),
+    "dense_transposed_weight": (
+        lambda bb, x, w: OP.matmul(x, OP.permute_dims(w)),
+        {"x": (33, 64), "w": (48, 64)},
+    ),
+    "batch_matmul": (lambda bb, a, b: OP.matmul(a, b), {"a": (3, 20, 32), "b": (3, 32, 40)}),
+    "conv2d_relu": (
+        lambda bb, x: OP.nn.relu(OP.nn.conv2d(x, _const(_RNG, 16, 8, 3, 3), padding=1)),
+        {"x": (1, 8, 14, 14)},
+    ),
+    "conv1x1_stride2": (
+        lambda bb, x: OP.nn.conv2d(x, _const(_RNG, 24, 16, 1, 1), strides=2),
+        {"x": (2, 16, 10, 10)},
+    ),
+    "depthwise_conv": (
+        lambda bb, x: OP.nn.conv2d(x, _const(_RNG, 12, 1, 3, 3), padding=1, groups=12),
+        {"x": (1, 12, 9, 9)},
+    ),
+    "softmax": (lambda bb, x: OP.nn.softmax(x, axis=-1), {"x": (10, 77)}),
+    "softmax_axis1": (lambda bb, x: OP.nn.softmax(x, axis=1), {"x": (2, 5, 6, 7)}),
+    "layernorm": (
+        lambda bb, x: OP.nn.layer_norm(x, _const(_RNG, 64), _const(_RNG, 64), axes=[-1]),
+        {"x": (2, 9, 64)},
+    ),
+    "rmsnorm": (lambda bb, x: OP.nn.rms_norm(x, _const(_RNG, 48), axes=[-1]), {"x": (17, 48)}),
+    "mean_sum": (
+        lambda bb, x: OP.add(OP.mean(x, axis=[2, 3]), OP.sum(x, axis=[2, 3])),
+        {"x": (2, 8, 7, 7)},
+    ),
+    "pool_concat_split": (
+        lambda bb, x: relax.Tuple(
+            list(
+                bb.emit(
+                    OP.split(
+                        OP.concat(
+                            [OP.nn.max_pool2d(x, 3, 2, 1), OP.nn.avg_pool2d(x, 3, 2, 1)], axis=1
+                        ),
+                        2,
+                        axis=1,
+                    )
+                )
+            )
+        ),
+        {"x": (1, 6, 15, 15)},
+    ),
+    "cumsum_argmax_take": (
+        lambda bb, x: OP.add(
+            OP.cumsum(x, axis=1),
+            OP.astype(OP.expand_dims(OP.argmax(x, axis=1), 1), "float32"),
+        ),
+        {"x": (5, 40)},
+    ),
+    "where_transpose_reshape": (
+        lambda bb, x: OP.reshape(
+            bb.emit(
+                OP.permute_dims(OP.where(OP.greater(x, OP.abs(x)), x, OP.negative(x)), [2, 0, 1])
+            ),
+            (7, 24),
+        ),
+        {"x": (4, 6, 7)},
+    ),
+    "elementwise_chain": (
+        lambda bb, x: OP.multiply(OP.nn.silu(OP.tanh(OP.add(x, x))), OP.exp(x)),
+        {"x": (3, 50, 33)},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_numerics_match_stock(name):
+    build, shapes = CASES[name]
+    _check_numerics(*_graph(build, shapes))
+
+
+def test_symbolic_batch_numerics_match_stock():
+    n = tirx.Var("n", "int64")
+    rng = np.random.default_rng(2)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(OP.nn.gelu(OP.matmul(x, _const(rng, 64, 48))))
+            y = bb.emit(OP.nn.softmax(y, axis=-1))
+            out = bb.emit_output(OP.nn.layer_norm(y, _const(rng, 48), _const(rng, 48), axes=[-1]))
+        bb.emit_func_output(out)
+    _check_numerics(bb.get(), {"x": rng.standard_normal((37, 64)).astype("float32")})
+
+
+def _zoo_names() -> list[str]:
+    try:
+        from tvm_costfuse import zoo
+    except ImportError:  # pragma: no cover - zoo is another module's job
+        return []
+    return zoo.names()
+
+
+@pytest.mark.parametrize("name", _zoo_names())
+def test_zoo_small_numerics_match_stock(name):
+    from tvm_costfuse import zoo
+
+    _check_numerics(*zoo.load(name, small=True))

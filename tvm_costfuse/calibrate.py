@@ -1,0 +1,275 @@
+"""Measure this machine's target description: DRAM bandwidth, FP32 FLOP/s, kernel launch cost.
+
+Each figure comes from a small kernel built here for the host LLVM target with its schedule
+written out (parallel over cores, vectorized to the CPU's vector width), timed with TVM's
+``time_evaluator`` after a warm-up, and reduced to a median over repeats:
+
+- ``dram_bw``: a streaming ``B[i] = 2 * A[i]`` over buffers much larger than the LLC; bytes
+  read + bytes written / median time (STREAM's convention: write-allocate traffic not counted,
+  so this is a lower bound on what the memory system moves).
+- ``l2_bw``, ``l3_bw``: the same kernel over buffers that fit in L2 (per core) and in the LLC.
+- ``fp32_flops``: a register-blocked FMA chain (``acc = acc * m + c``, independent accumulators
+  held in vector registers, no memory traffic in the loop). This is the throughput of the FMA
+  units as TVM's LLVM code reaches them: a lower bound on the datasheet peak, and an upper
+  bound on what any real kernel (matmul included) reaches on this machine.
+- ``launch_s``: a Relax VM function calling N tiny ``call_tir`` kernels vs one:
+  ``(t_N - t_1) / (N - 1)``. Measured for a parallel kernel (what scheduled kernels pay: VM
+  dispatch + thread-pool fork/join) and a serial one (VM dispatch alone).
+
+The figures are saved as JSON (default ``~/.cache/tvm_costfuse/host_calibration.json``) with the
+date and CPU; :func:`tvm_costfuse.targets.host` reads them back when the CPU matches. On a
+shared or virtualised machine the medians include interference from other tenants: they are
+the figures a fusion decision should use here, not the silicon's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax, te, tirx
+from tvm.script import tirx as T
+
+from . import targets
+
+DEFAULT_PATH = Path("~/.cache/tvm_costfuse/host_calibration.json").expanduser()
+
+# Bytes of each stream buffer: 256 MB (8x a 32 MB LLC) for the full run; quick mode uses 64 MB,
+# still 2x such an LLC counting input and output, to stay under ~10 s on 2 busy cores.
+_DRAM_BYTES = {False: 256 << 20, True: 64 << 20}
+_STREAM_BYTES_PER_CALL = 64 << 20  # cache-sized streams sweep until ~this much moved
+_LAUNCH_KERNELS = 64  # N tiny kernels: t_N - t_1 must dwarf the timer noise (~1 us).
+_FMA_ACCUMULATORS = 12  # independent chains: > FMA latency (4) x pipes (2), < vector registers.
+
+
+def _thread_pool(nthreads: int) -> None:
+    """Size TVM's CPU thread pool (mode 1 = "big" cores: all of them on a symmetric CPU)."""
+    tvm.get_global_func("runtime.config_threadpool")(1, nthreads)
+
+
+def _median(rt_mod, name: str, args, repeat: int, min_repeat_ms: int) -> float:
+    """Median seconds of one call after a warm-up call; ``min_repeat_ms`` swamps timer jitter."""
+    rt_mod[name](*args)
+    timer = rt_mod.time_evaluator(name, tvm.cpu(), number=1, repeat=repeat,
+                                  min_repeat_ms=min_repeat_ms)
+    return float(np.median(timer(*args).results))
+
+
+def _build(func: tirx.PrimFunc, name: str, target: tvm.target.Target):
+    return tvm.compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}), target=target)
+
+
+# ---------------------------------------------------------------------------- bandwidth
+def _stream_kernel(per_core: int, lanes: int, cores: int, sweeps: int) -> tirx.PrimFunc:
+    """``B = 2 * A``, one contiguous slice of ``per_core`` floats per core, vectorized.
+
+    Each core sweeps its slice ``sweeps`` times inside one call, so that buffers sized for a
+    cache level take long enough to time past the thread pool's fork/join (~6 us here)."""
+    n = per_core * cores
+
+    @T.prim_func
+    def stream(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+        T.func_attr({"tir.noalias": True})
+        for c in T.parallel(cores):
+            for _ in range(sweeps):
+                for i in range(per_core // lanes):
+                    for v in T.vectorized(lanes):
+                        b[c * per_core + i * lanes + v] = a[c * per_core + i * lanes + v] * T.float32(2)
+
+    return stream
+
+
+def _stream_bandwidth(nbytes: int, lanes: int, cores: int, target, repeat: int, ms: int) -> float:
+    """Bytes read + written per second by :func:`_stream_kernel` on two ``nbytes`` buffers."""
+    per_core = max(lanes, nbytes // 4 // cores // lanes * lanes)
+    n = per_core * cores
+    sweeps = max(1, _STREAM_BYTES_PER_CALL // (2 * 4 * n))
+    ex = _build(_stream_kernel(per_core, lanes, cores, sweeps), "stream", target)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ones(n, "float32"), dev), tvm.runtime.empty((n,), "float32", dev)]
+    seconds = _median(ex.mod, "stream", args, repeat, ms)
+    return 2 * 4 * n * sweeps / seconds  # one read + one write per element and sweep
+
+
+# ---------------------------------------------------------------------------- FLOP/s
+def _fma_kernel(tasks: int, iters: int, lanes: int, nacc: int):
+    """``tasks`` parallel tasks, each ``iters`` rounds of ``nacc`` vector FMAs in registers.
+
+    The accumulator is a "global"-scope buffer under 1 KB: TVM lowers it to a stack ``alloca``
+    that LLVM promotes to registers ("local" scope went through the workspace allocator and
+    kept every accumulator in memory)."""
+
+    @T.prim_func
+    def fma(
+        x: T.Buffer((tasks, nacc, lanes), "float32"),
+        m: T.Buffer((lanes,), "float32"),
+        c: T.Buffer((lanes,), "float32"),
+        y: T.Buffer((tasks, nacc, lanes), "float32"),
+    ):
+        T.func_attr({"tir.noalias": True})
+        for p in T.parallel(tasks):
+            acc = T.decl_buffer((nacc, lanes), "float32", scope="global")
+            for a in T.unroll(nacc):
+                for v in T.vectorized(lanes):
+                    acc[a, v] = x[p, a, v]
+            for _ in range(iters):
+                for a in T.unroll(nacc):
+                    for v in T.vectorized(lanes):
+                        acc[a, v] = acc[a, v] * m[v] + c[v]
+            for a in T.unroll(nacc):
+                for v in T.vectorized(lanes):
+                    y[p, a, v] = acc[a, v]
+
+    return fma
+
+
+def _fp32_flops(lanes: int, cores: int, target, iters: int, repeat: int, ms: int) -> float:
+    tasks = cores * 4
+    nacc = _FMA_ACCUMULATORS
+    ex = _build(_fma_kernel(tasks, iters, lanes, nacc), "fma", target)
+    dev = tvm.cpu()
+    # m = 1, c = 0 keeps values finite (no denormal or overflow slow paths) over any iters.
+    shapes_values = [((tasks, nacc, lanes), 0.5), ((lanes,), 1.0), ((lanes,), 0.0),
+                     ((tasks, nacc, lanes), 0.0)]
+    args = [tvm.runtime.tensor(np.full(s, v, "float32"), dev) for s, v in shapes_values]
+    seconds = _median(ex.mod, "fma", args, repeat, ms)
+    return 2.0 * tasks * iters * nacc * lanes / seconds
+
+
+# ---------------------------------------------------------------------------- launch cost
+def _tiny_kernel(parallel: bool, cores: int) -> tirx.PrimFunc:
+    """y = x + 1 on 16 floats per core; when ``parallel``, split over ``cores`` threads.
+
+    Built from TE so it keeps the block form Relax's pipeline (op-pattern analysis) expects."""
+    x = te.placeholder((cores, 16), "float32", name="x")
+    y = te.compute((cores, 16), lambda i, j: x[i, j] + tirx.const(1.0, "float32"), name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    outer, inner = sch.get_loops(sch.get_sblock("y"))
+    sch.vectorize(inner)
+    if parallel:
+        sch.parallel(outer)
+    return sch.mod["main"].with_attr("global_symbol", "tiny")
+
+
+def _chain_module(kernels: int, parallel: bool, cores: int) -> tvm.IRModule:
+    """Relax ``main`` calling ``kernels`` call_tir kernels in a chain (no fusion: no FuseOps)."""
+    ty = relax.TensorType([cores, 16], "float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", ty)
+    with bb.function("main", [x]):
+        gv = bb.add_func(_tiny_kernel(parallel, cores), "tiny")
+        with bb.dataflow():
+            y = x
+            for _ in range(kernels):
+                y = bb.emit(relax.call_tir(gv, [y], ty))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _launch_seconds(parallel: bool, cores: int, target, repeat: int, ms: int) -> float:
+    dev = tvm.cpu()
+    x = tvm.runtime.tensor(np.zeros((cores, 16), "float32"), dev)
+    times = {}
+    for kernels in (1, _LAUNCH_KERNELS):
+        ex = tvm.compile(_chain_module(kernels, parallel, cores), target=target)
+        vm = relax.VirtualMachine(ex, dev)
+        vm["main"](x)
+        timer = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=ms)
+        times[kernels] = float(np.median(timer(x).results))
+    return max(times[_LAUNCH_KERNELS] - times[1], 0.0) / (_LAUNCH_KERNELS - 1)
+
+
+# ---------------------------------------------------------------------------- driver
+def measure(num_cores: int | None = None, quick: bool = False) -> dict:
+    """Run the calibration kernels; returns the JSON-ready record (figures, CPU, date, timings).
+
+    ``num_cores`` sizes TVM's thread pool for the run and the kernels' parallel split
+    (default: the CPUs this process may run on); the pool is restored to that default after.
+    """
+    default_cores = len(os.sched_getaffinity(0))
+    cores = num_cores or default_cores
+    cpu = targets.host_cpu()
+    lanes = targets.host_vector_bits() // 32
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": cores})
+    caches = targets.host_caches()
+    plan = (5, 20) if quick else (15, 50)  # (repeats, min ms per repeat)
+    timings: dict[str, float] = {}
+    figures: dict[str, float] = {}
+
+    def timed(key, fn, *args):
+        t0 = time.perf_counter()
+        figures[key] = fn(*args)
+        timings[key] = round(time.perf_counter() - t0, 3)
+
+    _thread_pool(cores)
+    try:
+        timed("dram_bw", _stream_bandwidth, _DRAM_BYTES[quick], lanes, cores, target, *plan)
+        # Both buffers (in + out) fill half of a level, so the stream stays resident in it.
+        l2_total = caches["l2_bytes"] * cores
+        timed("l2_bw", _stream_bandwidth, l2_total // 4, lanes, cores, target, *plan)
+        if caches["l3_bytes"]:
+            l3 = caches["l3_bytes"]
+            timed("l3_bw", _stream_bandwidth, l3 // 4, lanes, cores, target, *plan)
+        iters = 20_000 if quick else 100_000
+        timed("fp32_flops", _fp32_flops, lanes, cores, target, iters, *plan)
+        timed("launch_s", _launch_seconds, True, cores, target, *plan)
+        timed("launch_s_serial", _launch_seconds, False, cores, target, *plan)
+    finally:
+        _thread_pool(default_cores)
+    return {
+        "cpu": cpu,
+        "cpu_model": targets.host_cpu_model(),
+        "num_cores": cores,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "tvm_version": tvm.__version__,
+        "quick": quick,
+        "figures": figures,
+        "timings_s": timings,
+    }
+
+
+def save(record: dict, path: str | os.PathLike | None = None) -> Path:
+    """Write a :func:`measure` record as JSON (default :data:`DEFAULT_PATH`)."""
+    path = Path(path).expanduser() if path else DEFAULT_PATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load(path: str | os.PathLike | None = None) -> dict | None:
+    """The saved record when present and measured on this CPU (LLVM name and model); else None."""
+    path = Path(path).expanduser() if path else DEFAULT_PATH
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if record.get("cpu") != targets.host_cpu() or record.get(
+        "cpu_model"
+    ) != targets.host_cpu_model():
+        return None
+    return record
+
+
+def calibrate(
+    num_cores: int | None = None,
+    quick: bool = False,
+    path: str | os.PathLike | None = None,
+    save_record: bool = True,
+) -> targets.TargetDesc:
+    """Measure this machine and return its :class:`~tvm_costfuse.targets.TargetDesc`.
+
+    Saves the record to ``path`` (default :data:`DEFAULT_PATH`) unless ``save_record`` is False.
+    Takes ~60 s on 2 busy cores (``quick``: ~10 s, smaller buffers and fewer repeats).
+    """
+    record = measure(num_cores, quick)
+    if save_record:
+        save(record, path)
+    return targets.host(num_cores=record["num_cores"], calibration=record)

@@ -1,0 +1,131 @@
+"""The analytical cost model: a kernel's time from first principles, with its breakdown.
+
+time = launch + max(memory, compute) + (1 - overlap) * min(memory, compute)
+
+- memory: bytes crossing the group boundary once, at DRAM or last-level-cache bandwidth by
+  working-set size; intermediates are free only when the group's schedule keeps them on chip
+  (the fallback schedule materializes them: 2x their bytes), plus spill traffic;
+- compute: FLOPs (plus recomputation of inlined producers) at the rate of the schedule class,
+  scaled by the parallelism the group exposes (output elements vs cores x lanes or SMs x warps);
+- registers: live values per thread (CUDA) or vector registers per loop body (CPU); over the
+  budget the excess spills to local memory and costs traffic.
+
+Every constant below is named with the reason for its value; the learned model corrects them
+from measurements (``tuning_logs/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .features import GroupFeatures
+
+# Fraction of peak FP32 each schedule class reaches. CPU: register-blocked contractions reach
+# ~30% of peak without tuning; elementwise/reduction loops are bound by memory, their compute
+# runs at vector rate with transcendental calls (erf, exp ~20 instructions each).
+_EFF = {
+    "cpu": {"contraction": 0.30, "reduction": 0.05, "elementwise": 0.05, "fallback": 0.05},
+    # dlight: SIMT matmul tiles reach ~50% of FP32 peak; others are memory bound.
+    "cuda": {"contraction": 0.50, "reduction": 0.10, "elementwise": 0.10, "fallback": 0.10},
+}
+# A contraction left to the fallback schedule runs as a naive loop nest: TVM_NOTES measured
+# 0.7-1.9 GFLOP/s on CPU; on CUDA one thread per output element without tiling (~2% of peak).
+_NAIVE_CONTRACTION = {"cpu": 1.0e9, "cuda": None}
+_NAIVE_CUDA_FRACTION = 0.02
+# Memory and compute overlap well in streaming loops (hardware prefetch, warps hiding latency).
+_OVERLAP = 0.8
+# Registers a CUDA thread needs per schedule class before counting live values (ptxas: dlight
+# matmul tiles use 64; elementwise chains 12-18; reductions grow ~1.2 per accumulator).
+_CUDA_BASE_REGS = {"contraction": 64, "reduction": 16, "elementwise": 10, "fallback": 24}
+_CUDA_REGS_PER_LIVE = 2
+_CUDA_REGS_PER_ACC = 1.2
+# CPU vector registers a loop body needs: contraction register tiles take ~3/4 of the file.
+_CPU_TILE_FRACTION = 0.75
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted kernel time (seconds) with the terms that produced it."""
+
+    seconds: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+    registers: int = 0
+    spill_bytes: int = 0
+    confidence: float = 0.5
+
+    def __add__(self, other: Estimate) -> Estimate:
+        keys = set(self.breakdown) | set(other.breakdown)
+        return Estimate(
+            self.seconds + other.seconds,
+            {k: self.breakdown.get(k, 0.0) + other.breakdown.get(k, 0.0) for k in keys},
+            max(self.registers, other.registers),
+            self.spill_bytes + other.spill_bytes,
+            min(self.confidence, other.confidence),
+        )
+
+
+def registers(f: GroupFeatures, target) -> tuple[int, int]:
+    """(registers per thread or vector registers per loop body, registers over the file)."""
+    if target.kind == "cuda":
+        base = _CUDA_BASE_REGS[f.schedule]
+        need = base + _CUDA_REGS_PER_LIVE * f.live_values + _CUDA_REGS_PER_ACC * f.accumulators
+        return int(need), max(0, int(need) - target.regs_per_thread)
+    tile = int(_CPU_TILE_FRACTION * target.vector_regs) if f.schedule == "contraction" else 0
+    need = tile + f.live_values + f.accumulators
+    return need, max(0, need - target.vector_regs)
+
+
+# Where nobody measured the last-level cache's bandwidth: a few times DRAM's (L2 on H100 is
+# ~1.6x HBM3; a CPU's L3 is ~4-5x its DRAM channel).
+_LLC_OVER_DRAM = 3.0
+
+
+def last_level_cache(target) -> tuple[int, float]:
+    """(bytes, bytes/s) of the largest cache: L3 on CPUs, L2 on GPUs."""
+    size, bw = (target.l3_bytes, target.l3_bw) if target.l3_bytes else (target.l2_bytes,
+                                                                         target.l2_bw)
+    return size, bw or target.dram_bw * _LLC_OVER_DRAM
+
+
+def _parallel_efficiency(f: GroupFeatures, target) -> float:
+    if target.kind == "cuda":
+        # Enough threads to fill every SM at half occupancy; fewer leave SMs idle.
+        full = target.sm_count * target.max_threads_per_sm // 2
+    else:
+        lanes = max(1, target.vector_bits // (8 * f.dtype_bytes))
+        full = target.cores * lanes * 4  # 4 vectors per core keep the FMA pipes busy
+    return min(1.0, max(f.out_elems, 1) / full)
+
+
+def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Estimate:
+    """Analytical time of one kernel computing the group described by ``f`` on ``target``."""
+    kind = "cuda" if target.kind == "cuda" else "cpu"
+    regs, over = registers(f, target)
+    if register_budget is not None and target.kind == "cuda":
+        over = max(over, regs - register_budget)
+    traffic = f.bytes_in + f.bytes_out
+    if f.schedule == "fallback":
+        traffic += 2 * f.bytes_internal
+    working_set = traffic + f.bytes_internal
+    llc_bytes, llc_bw = last_level_cache(target)
+    bandwidth = target.dram_bw if working_set > llc_bytes else llc_bw
+    # Each spilled register is stored and reloaded once per output element.
+    spill_bytes = 2 * 4 * over * f.out_elems
+    memory = traffic / bandwidth
+    spill = spill_bytes / llc_bw
+
+    peak = target.peak(f"float{8 * f.dtype_bytes}")
+    eff = _EFF[kind][f.schedule]
+    other = f.flops - f.contraction_flops + f.recompute_flops
+    if f.schedule == "fallback" and f.contraction_flops:
+        naive = _NAIVE_CONTRACTION[kind] or peak * _NAIVE_CUDA_FRACTION
+        contraction = f.contraction_flops / naive
+    else:
+        contraction = f.contraction_flops / (peak * _EFF[kind]["contraction"])
+    compute = (contraction + other / (peak * eff)) / _parallel_efficiency(f, target)
+
+    body = max(memory, compute) + (1 - _OVERLAP) * min(memory, compute)
+    launch = target.launch_s
+    seconds = launch + body + spill
+    breakdown = {"launch": launch, "memory": memory, "compute": compute, "spill": spill}
+    return Estimate(seconds, breakdown, regs, spill_bytes, confidence=0.5)

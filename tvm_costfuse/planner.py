@@ -1,0 +1,288 @@
+"""The planner: which bindings share a kernel, decided by cost-model queries.
+
+Greedy priority fusion (as XLA's priority fusion): start from one kernel per op, score every
+candidate merge -- producer into consumer (vertical chains, reduce + epilogue, reduce + reduce,
+matmul/conv with prologue and epilogue) and siblings reading one tensor (horizontal) -- by the
+time the model says it saves, apply the best legal merge, rescore its neighbours, repeat until
+no merge saves time. ``plan_exact`` enumerates every partition of a small graph, to report how
+far greedy is from the optimum. Both are deterministic: ties break on binding order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from .cost.analytical import Estimate, estimate
+from .cost.features import group_features
+from .graph import OpGraph
+from .legality import can_fuse
+
+# Siblings are paired only among the first few readers of a tensor: k readers give k^2 pairs.
+_MAX_SIBLINGS = 8
+
+Model = Callable[..., Estimate]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One merge the planner weighed, with its predicted gain and verdict."""
+
+    kind: str  # "vertical" or "horizontal"
+    left: tuple[str, ...]
+    right: tuple[str, ...]
+    gain_s: float
+    accepted: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class FusionPlan:
+    """The groups to fuse (more than one binding each) and why."""
+
+    groups: tuple[tuple[str, ...], ...]
+    estimates: dict[tuple[str, ...], Estimate] = field(repr=False)
+    decisions: tuple[Decision, ...] = ()
+    left_to_fuseops: tuple[tuple[str, ...], ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return sum(e.seconds for e in self.estimates.values())
+
+    def kernels(self) -> int:
+        return len(self.estimates)
+
+
+class _Pricer:
+    """Cost-model queries, memoized per group (the planner asks about the same sets often)."""
+
+    def __init__(self, graph: OpGraph, target, config, model: Model | None) -> None:
+        self.graph, self.target, self.config = graph, target, config
+        self.model = model or estimate
+        self.cache: dict[frozenset, tuple] = {}
+
+    def __call__(self, members: frozenset):
+        if members not in self.cache:
+            f = group_features(self.graph, members)
+            verdict = can_fuse(self.graph, members, f, self.config, self.target)
+            est = self.model(f, self.target, self.config.register_budget)
+            self.cache[members] = (est, verdict)
+        return self.cache[members]
+
+
+class _Quotient:
+    """The graph of current groups; merging must keep it acyclic (each group convex)."""
+
+    def __init__(self, graph: OpGraph, units: list[frozenset]) -> None:
+        self.graph = graph
+        self.group_of = {n: i for i, u in enumerate(units) for n in u}
+        self.members = dict(enumerate(units))
+        self.succ: dict[int, set[int]] = {i: set() for i in self.members}
+        self.pred: dict[int, set[int]] = {i: set() for i in self.members}
+        for node in graph.nodes:
+            for p in graph.producers(node.name):
+                a, b = self.group_of.get(p), self.group_of.get(node.name)
+                if a is not None and b is not None and a != b:
+                    self.succ[a].add(b)
+                    self.pred[b].add(a)
+        self.lo = {i: min(graph[n].index for n in u) for i, u in self.members.items()}
+        self.hi = {i: max(graph[n].index for n in u) for i, u in self.members.items()}
+
+    def path_avoiding_direct(self, a: int, b: int) -> int | None:
+        """A group on a path a -> ... -> b of two or more hops (merging a, b would make a
+        cycle through it), or None. Groups starting after b ends cannot reach b."""
+        stack = [s for s in self.succ[a] if s != b]
+        seen = set(stack)
+        while stack:
+            g = stack.pop()
+            if g == b:
+                continue
+            if b in self.succ[g]:
+                return g
+            for s in self.succ[g]:
+                if s not in seen and self.lo[s] <= self.hi[b]:
+                    seen.add(s)
+                    stack.append(s)
+        return None
+
+    def blocker(self, a: int, b: int) -> int | None:
+        return self.path_avoiding_direct(a, b) or self.path_avoiding_direct(b, a)
+
+    def is_acyclic(self) -> bool:
+        indegree = {g: len(p) for g, p in self.pred.items()}
+        ready = [g for g, k in indegree.items() if k == 0]
+        seen = 0
+        while ready:
+            g = ready.pop()
+            seen += 1
+            for s in self.succ[g]:
+                indegree[s] -= 1
+                if indegree[s] == 0:
+                    ready.append(s)
+        return seen == len(self.members)
+
+    def merge(self, a: int, b: int) -> int:
+        """Merge b into a; returns a."""
+        self.members[a] = self.members[a] | self.members.pop(b)
+        for n in self.members[a]:
+            self.group_of[n] = a
+        for s in self.succ.pop(b):
+            self.pred[s].discard(b)
+            if s != a:
+                self.succ[a].add(s)
+                self.pred[s].add(a)
+        for p in self.pred.pop(b):
+            self.succ[p].discard(b)
+            if p != a:
+                self.pred[a].add(p)
+                self.succ[p].add(a)
+        self.succ[a].discard(a)
+        self.pred[a].discard(a)
+        self.lo[a] = min(self.lo[a], self.lo.pop(b))
+        self.hi[a] = max(self.hi[a], self.hi.pop(b))
+        return a
+
+
+def initial_units(graph: OpGraph, frozen: Iterable[Iterable[str]] = ()) -> list[frozenset]:
+    """One unit per fusable call_tir (its TupleGetItems ride with it), plus frozen groups."""
+    units: list[frozenset] = [frozenset(g) for g in frozen]
+    taken = {n for u in units for n in u}
+    rides: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        if node.kind == "tuple_get_item" and node.name not in taken:
+            src = graph.producers(node.name)
+            if src and graph[src[0]].kind == "call_tir" and src[0] not in taken:
+                rides.setdefault(src[0], []).append(node.name)
+    for node in graph.nodes:
+        if node.kind == "call_tir" and node.fusable and node.name not in taken:
+            units.append(frozenset([node.name, *rides.get(node.name, ())]))
+    return units
+
+
+def _candidates(graph: OpGraph, q: _Quotient, g: int) -> Iterable[tuple[str, int, int]]:
+    for s in q.succ[g]:
+        yield "vertical", g, s
+    for p in q.pred[g]:
+        yield "vertical", p, g
+    for name in q.members[g]:
+        for src in graph[name].inputs:
+            readers = graph.consumers.get(src, ()) if not src.startswith("%") else ()
+            for r in readers[:_MAX_SIBLINGS]:
+                h = q.group_of.get(r)
+                if h is not None and h != g:
+                    yield "horizontal", min(g, h), max(g, h)
+
+
+def _key(q: _Quotient, g: int) -> tuple[str, ...]:
+    return tuple(sorted(q.members[g], key=lambda n: q.graph[n].index))
+
+
+def plan_greedy(
+    graph: OpGraph,
+    target,
+    config,
+    model: Model | None = None,
+    frozen: Iterable[Iterable[str]] = (),
+) -> FusionPlan:
+    """Greedy priority fusion. ``frozen`` groups are fixed units the planner never merges
+    (regions left to FuseOps)."""
+    price = _Pricer(graph, target, config, model)
+    frozen_units = [frozenset(g) for g in frozen]
+    q = _Quotient(graph, initial_units(graph, frozen_units))
+    fixed = {i for i, u in q.members.items() if u in frozen_units}
+    heap: list = []
+    decisions: list[Decision] = []
+    counter = itertools.count()
+
+    def push(kind: str, a: int, b: int) -> None:
+        if a in fixed or b in fixed:
+            return
+        ua, ub = q.members[a], q.members[b]
+        (ea, _), (eb, _) = price(ua), price(ub)
+        merged, verdict = price(ua | ub)
+        gain = ea.seconds + eb.seconds - merged.seconds
+        order = min(q.lo[a], q.lo[b])
+        heapq.heappush(heap, (-gain, order, next(counter), kind, a, b, ua, ub))
+
+    for g in sorted(q.members):
+        for kind, a, b in _candidates(graph, q, g):
+            if a == g or kind == "horizontal":
+                push(kind, a, b)
+    seen_pairs: set = set()
+    while heap:
+        neg_gain, _, _, kind, a, b, ua, ub = heapq.heappop(heap)
+        if q.members.get(a) != ua or q.members.get(b) != ub:
+            continue  # stale: one side was merged since
+        if (ua, ub) in seen_pairs:
+            continue
+        seen_pairs.add((ua, ub))
+        gain = -neg_gain
+        left, right = _key(q, a), _key(q, b)
+        if gain <= 0:
+            decisions.append(Decision(kind, left, right, gain, False,
+                                      f"model predicts no gain ({gain * 1e6:+.2f} us)"))
+            continue
+        _, verdict = price(ua | ub)
+        if not verdict:
+            decisions.append(Decision(kind, left, right, gain, False, verdict.reason))
+            continue
+        via = q.blocker(a, b)
+        if via is not None:
+            decisions.append(Decision(kind, left, right, gain, False,
+                                      f"not convex: a path runs through {_key(q, via)[0]!r}"))
+            continue
+        decisions.append(Decision(kind, left, right, gain, True,
+                                  f"model predicts {gain * 1e6:.2f} us saved"))
+        g = q.merge(a, b)
+        for kind2, x, y in _candidates(graph, q, g):
+            push(kind2, x, y)
+
+    estimates = {_key(q, g): price(u)[0] for g, u in q.members.items()}
+    groups = tuple(k for k in estimates if len(k) > 1)
+    return FusionPlan(groups, estimates, tuple(decisions), tuple(map(tuple, frozen)))
+
+
+def plan_cost(graph: OpGraph, target, config, groups, model: Model | None = None) -> float:
+    """Predicted total seconds of a partition (ops in no group run alone)."""
+    price = _Pricer(graph, target, config, model)
+    q = _Quotient(graph, initial_units(graph, groups))
+    return sum(price(u)[0].seconds for u in q.members.values())
+
+
+def plan_exact(graph: OpGraph, target, config, model: Model | None = None,
+               max_units: int = 9) -> FusionPlan:
+    """The cheapest legal partition of a small graph, by enumerating set partitions of its
+    units (Bell(9) = 21,147 for 9 units). Raises ValueError on bigger graphs."""
+    price = _Pricer(graph, target, config, model)
+    units = initial_units(graph)
+    if len(units) > max_units:
+        raise ValueError(f"{len(units)} units > max_units {max_units} for exact search")
+    best: tuple[float, list[frozenset]] = (float("inf"), [])
+
+    def acyclic(parts: list[frozenset]) -> bool:
+        return _Quotient(graph, parts).is_acyclic()
+
+    def search(i: int, parts: list[frozenset], cost: float) -> None:
+        nonlocal best
+        if cost >= best[0]:
+            return
+        if i == len(units):
+            if acyclic(parts):
+                best = (cost, list(parts))
+            return
+        u = units[i]
+        for j, part in enumerate(parts):
+            merged = part | u
+            est, verdict = price(merged)
+            if verdict:
+                new_cost = cost - price(part)[0].seconds + est.seconds
+                search(i + 1, parts[:j] + [merged] + parts[j + 1:], new_cost)
+        search(i + 1, parts + [u], cost + price(u)[0].seconds)
+
+    search(0, [], 0.0)
+    parts = best[1]
+    estimates = {tuple(sorted(p, key=lambda n: graph[n].index)): price(p)[0] for p in parts}
+    return FusionPlan(tuple(k for k in estimates if len(k) > 1), estimates)

@@ -1,0 +1,116 @@
+"""CostFuse: the module pass that takes FuseOps' place, and the pipelines that use it.
+
+It must run where FuseOps runs: after LegalizeOps + AnnotateTIROpPattern (+ FoldConstant), so
+every op is a pattern-annotated call_tir, and before FuseTIR, which turns each grouped
+function into one PrimFunc. Per Relax function it builds the OpGraph, plans with the cost
+model, and applies the plan with ``apply_partition``. Bindings whose cost it cannot model
+(symbolic shapes) are left to FuseOps' own grouping, and the plan says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from .config import FusionConfig, register_config_keys
+from .graph import build_graph
+from .partition import apply_partition, fuseops_groups
+from .planner import FusionPlan, plan_exact, plan_greedy
+from .targets import TargetDesc, for_target, preset
+
+
+def _unmodelled(graph) -> set[str]:
+    """Bindings the cost model cannot price: tensors with symbolic dimensions."""
+    return {
+        n.name
+        for n in graph.nodes
+        if n.kind == "call_tir" and any(t.nbytes is None for t in n.outputs)
+    }
+
+
+def plan_module(
+    mod: tvm.IRModule, target: TargetDesc, config: FusionConfig, func_name: str = "main"
+) -> FusionPlan:
+    """Plan fusion for ``mod[func_name]`` (a module after ``passes.prepare``)."""
+    graph = build_graph(mod, func_name)
+    skip = _unmodelled(graph)
+    frozen = []
+    if skip:
+        frozen = [g for g in fuseops_groups(mod, func_name) if skip & set(g)]
+    model = None
+    if config.cost_model == "xgb":
+        from .cost.learned import load_model  # noqa: PLC0415 (xgboost loads only on demand)
+
+        model = load_model(target)
+    if config.search == "exact" and not frozen:
+        plan = plan_exact(graph, target, config, model)
+    else:
+        plan = plan_greedy(graph, target, config, model, frozen=frozen)
+    if frozen:
+        note = (f"{len(skip)} bindings with symbolic shapes left to FuseOps "
+                f"({len(frozen)} of its groups kept as they are)")
+        plan = FusionPlan(plan.groups, plan.estimates, plan.decisions, tuple(map(tuple, frozen)),
+                          plan.notes + (note,))
+    return plan
+
+
+@tvm.transform.module_pass(opt_level=0, name="CostFuse")
+@dataclass
+class CostFuse:
+    """Cost-model-driven replacement for ``relax.transform.FuseOps``.
+
+    Arguments left as None are read from the PassContext config (``costfuse.*`` keys), then
+    from defaults; explicit arguments win. ``target`` may be a TargetDesc, a preset name, a
+    ``tvm.target.Target``, or None for ``Target.current()``. After the pass runs, ``plans``
+    maps each function name to the FusionPlan applied (what ``costfuse explain`` prints).
+    """
+
+    target: object = None
+    max_chain_length: int | None = None
+    max_body_ops: int | None = None
+    register_budget: int | None = None
+    cost_model: str | None = None
+    search: str | None = None
+    max_args: int | None = None
+    plans: dict = field(default_factory=dict)
+
+    def config(self) -> FusionConfig:
+        register_config_keys()
+        return FusionConfig.resolve(
+            max_chain_length=self.max_chain_length,
+            max_body_ops=self.max_body_ops,
+            register_budget=self.register_budget,
+            cost_model=self.cost_model,
+            search=self.search,
+            max_args=self.max_args,
+        )
+
+    def describe_target(self, config: FusionConfig) -> TargetDesc:
+        t = self.target
+        if isinstance(t, TargetDesc):
+            return t
+        if isinstance(t, str) and t.lower() in ("h100", "h200", "a100", "host"):
+            return preset(t)
+        if config.target_preset:
+            return preset(config.target_preset)
+        if t is None:
+            t = tvm.target.Target.current()
+            if t is None:
+                raise ValueError(
+                    "CostFuse needs a target: pass target=..., set costfuse.target_preset, "
+                    "or run it under `with tvm.target.Target(...)`"
+                )
+        return for_target(tvm.target.Target(t))
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        config = self.config()
+        target = self.describe_target(config)
+        for gvar, func in list(mod.functions.items()):
+            if not isinstance(func, relax.Function) or "Primitive" in (func.attrs or {}):
+                continue
+            plan = plan_module(mod, target, config, gvar.name_hint)
+            self.plans[gvar.name_hint] = plan
+            mod = apply_partition(mod, plan.groups, gvar.name_hint)
+        return mod
