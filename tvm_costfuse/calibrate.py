@@ -55,8 +55,9 @@ def _thread_pool(nthreads: int) -> None:
 def _median(rt_mod, name: str, args, repeat: int, min_repeat_ms: int) -> float:
     """Median seconds of one call after a warm-up call; ``min_repeat_ms`` swamps timer jitter."""
     rt_mod[name](*args)
-    timer = rt_mod.time_evaluator(name, tvm.cpu(), number=1, repeat=repeat,
-                                  min_repeat_ms=min_repeat_ms)
+    timer = rt_mod.time_evaluator(
+        name, tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
+    )
     return float(np.median(timer(*args).results))
 
 
@@ -79,7 +80,9 @@ def _stream_kernel(per_core: int, lanes: int, cores: int, sweeps: int) -> tirx.P
             for _ in range(sweeps):
                 for i in range(per_core // lanes):
                     for v in T.vectorized(lanes):
-                        b[c * per_core + i * lanes + v] = a[c * per_core + i * lanes + v] * T.float32(2)
+                        b[c * per_core + i * lanes + v] = a[
+                            c * per_core + i * lanes + v
+                        ] * T.float32(2)
 
     return stream
 
@@ -134,8 +137,12 @@ def _fp32_flops(lanes: int, cores: int, target, iters: int, repeat: int, ms: int
     ex = _build(_fma_kernel(tasks, iters, lanes, nacc), "fma", target)
     dev = tvm.cpu()
     # m = 1, c = 0 keeps values finite (no denormal or overflow slow paths) over any iters.
-    shapes_values = [((tasks, nacc, lanes), 0.5), ((lanes,), 1.0), ((lanes,), 0.0),
-                     ((tasks, nacc, lanes), 0.0)]
+    shapes_values = [
+        ((tasks, nacc, lanes), 0.5),
+        ((lanes,), 1.0),
+        ((lanes,), 0.0),
+        ((tasks, nacc, lanes), 0.0),
+    ]
     args = [tvm.runtime.tensor(np.full(s, v, "float32"), dev) for s, v in shapes_values]
     seconds = _median(ex.mod, "fma", args, repeat, ms)
     return 2.0 * tasks * iters * nacc * lanes / seconds
@@ -190,10 +197,11 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
     """Run the calibration kernels; returns the JSON-ready record (figures, CPU, date, timings).
 
     ``num_cores`` sizes TVM's thread pool for the run and the kernels' parallel split
-    (default: the CPUs this process may run on); the pool is restored to that default after.
+    (default: the CPUs this process may run on); the pool is restored afterwards.
     """
-    default_cores = len(os.sched_getaffinity(0))
-    cores = num_cores or default_cores
+    # What TVM's pool starts with (TVM_NUM_THREADS, else the CPUs we may run on): restored after.
+    pool_default = int(os.environ.get("TVM_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    cores = num_cores or len(os.sched_getaffinity(0))
     cpu = targets.host_cpu()
     lanes = targets.host_vector_bits() // 32
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": cores})
@@ -221,7 +229,7 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
         timed("launch_s", _launch_seconds, True, cores, target, *plan)
         timed("launch_s_serial", _launch_seconds, False, cores, target, *plan)
     finally:
-        _thread_pool(default_cores)
+        _thread_pool(pool_default)
     return {
         "cpu": cpu,
         "cpu_model": targets.host_cpu_model(),
@@ -251,9 +259,10 @@ def load(path: str | os.PathLike | None = None) -> dict | None:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    if record.get("cpu") != targets.host_cpu() or record.get(
-        "cpu_model"
-    ) != targets.host_cpu_model():
+    if (
+        record.get("cpu") != targets.host_cpu()
+        or record.get("cpu_model") != targets.host_cpu_model()
+    ):
         return None
     return record
 
@@ -267,9 +276,29 @@ def calibrate(
     """Measure this machine and return its :class:`~tvm_costfuse.targets.TargetDesc`.
 
     Saves the record to ``path`` (default :data:`DEFAULT_PATH`) unless ``save_record`` is False.
-    Takes ~60 s on 2 busy cores (``quick``: ~10 s, smaller buffers and fewer repeats).
+    Takes ~10-15 s on 2 busy cores (``quick``: ~2-3 s: a 64 MB stream, fewer repeats).
     """
     record = measure(num_cores, quick)
     if save_record:
         save(record, path)
     return targets.host(num_cores=record["num_cores"], calibration=record)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tvm_costfuse.calibrate [--quick] [--cores N] [--path FILE]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
+    parser.add_argument("--cores", type=int, default=None, help="threads (default: affinity)")
+    parser.add_argument("--path", default=None, help=f"JSON record (default {DEFAULT_PATH})")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    record = measure(args.cores, args.quick)
+    path = save(record, args.path)
+    print(json.dumps(record, indent=2, sort_keys=True))
+    print(f"saved to {path} in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -221,13 +221,13 @@ def plan_greedy(
         seen_pairs.add((ua, ub))
         gain = -neg_gain
         left, right = _key(q, a), _key(q, b)
-        if gain <= 0:
-            decisions.append(Decision(kind, left, right, gain, False,
-                                      f"model predicts no gain ({gain * 1e6:+.2f} us)"))
-            continue
         _, verdict = price(ua | ub)
         if not verdict:
             decisions.append(Decision(kind, left, right, gain, False, verdict.reason))
+            continue
+        if gain <= 0:
+            decisions.append(Decision(kind, left, right, gain, False,
+                                      f"model predicts no gain ({gain * 1e6:+.2f} us)"))
             continue
         via = q.blocker(a, b)
         if via is not None:

@@ -78,16 +78,18 @@ class TargetDesc:
     def tvm_target(self) -> tvm.target.Target:
         """The ``tvm.target.Target`` to compile for (dict form: 0.27 rejects string flags)."""
         if self.kind == CUDA:
-            return tvm.target.Target({
-                "kind": "cuda",
-                "arch": self.arch,
-                "max_num_threads": self.max_threads_per_block,
-                "max_threads_per_block": self.max_threads_per_block,
-                "thread_warp_size": self.warp_size,
-                "registers_per_block": self.regs_per_sm,
-                "max_shared_memory_per_block": self.smem_per_block,
-                "l2_cache_size_bytes": self.l2_bytes,
-            })
+            return tvm.target.Target(
+                {
+                    "kind": "cuda",
+                    "arch": self.arch,
+                    "max_num_threads": self.max_threads_per_block,
+                    "max_threads_per_block": self.max_threads_per_block,
+                    "thread_warp_size": self.warp_size,
+                    "registers_per_block": self.regs_per_sm,
+                    "max_shared_memory_per_block": self.smem_per_block,
+                    "l2_cache_size_bytes": self.l2_bytes,
+                }
+            )
         return tvm.target.Target({"kind": "llvm", "mcpu": self.arch, "num-cores": self.cores})
 
     def to_dict(self) -> dict:
@@ -106,29 +108,49 @@ class TargetDesc:
 # published microbenchmarks (approximate); launch overheads are typical host-side
 # cuLaunchKernel costs with and without CUDA graphs, not datasheet figures.
 # Same on sm_80 and sm_90.
-_SM_LIMITS = dict(
-    regs_per_thread=255, regs_per_sm=65536, max_threads_per_sm=2048, max_threads_per_block=1024,
-    warp_size=32, smem_per_block=48 * KiB,
-)
-_GPU_LAUNCH = dict(launch_s=4e-6, launch_s_graph=1e-6)  # est.
+_SM_LIMITS = {
+    "regs_per_thread": 255,
+    "regs_per_sm": 65536,
+    "max_threads_per_sm": 2048,
+    "max_threads_per_block": 1024,
+    "warp_size": 32,
+    "smem_per_block": 48 * KiB,
+}
+_GPU_LAUNCH = {"launch_s": 4e-6, "launch_s_graph": 1e-6}  # est.
 
 H100 = TargetDesc(
-    name="h100", kind=CUDA, arch="sm_90",  # H100 SXM5 80 GB
+    name="h100",
+    kind=CUDA,
+    arch="sm_90",  # H100 SXM5 80 GB
     peak_flops={"float32": 67e12, "float16": 989.4e12, "bfloat16": 989.4e12},
     dram_bw=3.35e12,  # HBM3
-    l1_bytes=256 * KiB, l2_bytes=50 * MiB, l3_bytes=0,
-    l1_bw=128 * 1.98e9 * 132, l2_bw=5.5e12, l3_bw=None,  # est.
-    sm_count=132, **_GPU_LAUNCH, **_SM_LIMITS,
+    l1_bytes=256 * KiB,
+    l2_bytes=50 * MiB,
+    l3_bytes=0,
+    l1_bw=128 * 1.98e9 * 132,  # est.: shared memory
+    l2_bw=5.5e12,  # est.
+    l3_bw=None,
+    sm_count=132,
+    **_GPU_LAUNCH,
+    **_SM_LIMITS,
 )
 # Same GH100 die and clocks as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
 H200 = H100.replace(name="h200", dram_bw=4.8e12)
 A100 = TargetDesc(
-    name="a100", kind=CUDA, arch="sm_80",  # A100 SXM4 80 GB (HBM2e); the 40 GB part has 1.555 TB/s
+    name="a100",
+    kind=CUDA,
+    arch="sm_80",  # A100 SXM4 80 GB (HBM2e); the 40 GB part has 1.555 TB/s
     peak_flops={"float32": 19.5e12, "float16": 312e12, "bfloat16": 312e12},
     dram_bw=2.039e12,
-    l1_bytes=192 * KiB, l2_bytes=40 * MiB, l3_bytes=0,
-    l1_bw=128 * 1.41e9 * 108, l2_bw=4.8e12, l3_bw=None,  # est.
-    sm_count=108, **_GPU_LAUNCH, **_SM_LIMITS,
+    l1_bytes=192 * KiB,
+    l2_bytes=40 * MiB,
+    l3_bytes=0,
+    l1_bw=128 * 1.41e9 * 108,  # est.: shared memory
+    l2_bw=4.8e12,  # est.
+    l3_bw=None,
+    sm_count=108,
+    **_GPU_LAUNCH,
+    **_SM_LIMITS,
 )
 _PRESETS = {d.name: d for d in (H100, H200, A100)}
 _CUDA_ARCH_DEFAULT = {"sm_90": "h100", "sm_80": "a100"}
@@ -140,10 +162,11 @@ _SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 _DEFAULT_CACHES = {"l1_bytes": 32 * KiB, "l2_bytes": 512 * KiB, "l3_bytes": 8 * MiB}
 # Conservative figures when no calibration matches this CPU: per core, a shared VM's share of
 # DRAM bandwidth, one vector FMA per cycle at an effective 1 GHz under load, and the cost of
-# a Relax VM call_tir with thread-pool fork/join. `costfuse calibrate` replaces them.
+# a Relax VM call_tir with thread-pool fork/join (measured 6-11 us on a busy 2-vCPU Zen 4; the
+# upper end, since under-counting launches under-rates fusion). `calibrate` replaces them.
 _DEFAULT_DRAM_BW_PER_CORE = 4e9
 _DEFAULT_EFFECTIVE_HZ = 1e9
-_DEFAULT_LAUNCH_S = 5e-6
+_DEFAULT_LAUNCH_S = 1e-5
 
 
 def host_cpu() -> str:
@@ -197,12 +220,18 @@ def _sysfs_caches() -> dict[str, int]:
 def _lscpu_caches() -> dict[str, int]:
     """lscpu prints totals over instances ("64 KiB (2 instances)"): divide L1/L2 per core."""
     try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["lscpu"], check=False, capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     found = {}
-    for key, name in (("L1d cache", "l1_bytes"), ("L2 cache", "l2_bytes"), ("L3 cache", "l3_bytes")):
-        m = re.search(rf"^{key}:\s*(.+)$", out, re.M)
+    for key, name in (
+        ("L1d cache", "l1_bytes"),
+        ("L2 cache", "l2_bytes"),
+        ("L3 cache", "l3_bytes"),
+    ):
+        m = re.search(rf"^{key}:\s*(.+)$", out, re.MULTILINE)
         if not m:
             continue
         size = _parse_size(m.group(1).replace("iB", "").replace("B", ""))

@@ -1,0 +1,7 @@
+"""Cost models: ``features`` describes a candidate group as plain numbers, ``analytical``
+prices it from first principles; the learned model reads the same features."""
+
+from .analytical import Estimate, estimate
+from .features import FEATURE_NAMES, GroupFeatures, group_features, op_class
+
+__all__ = ["FEATURE_NAMES", "Estimate", "GroupFeatures", "estimate", "group_features", "op_class"]

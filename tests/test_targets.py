@@ -1,0 +1,131 @@
+"""Target descriptions: GPU presets, the host from /sys and LLVM, and the quick calibration."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import tvm
+
+from tvm_costfuse import calibrate, targets
+from tvm_costfuse.targets import A100, H100, H200
+
+
+# ---------------------------------------------------------------------------- GPU presets
+def test_gpu_presets_relations():
+    assert H200.dram_bw > H100.dram_bw > A100.dram_bw
+    assert H100.peak("float32") == H200.peak("float32") > A100.peak("float32")
+    for gpu in (H100, H200, A100):
+        assert gpu.kind == "cuda" and gpu.source == "datasheet"
+        assert gpu.peak("float16") == gpu.peak("bfloat16") > 10 * gpu.peak("float32")
+        assert (gpu.regs_per_sm, gpu.regs_per_thread, gpu.max_threads_per_sm) == (65536, 255, 2048)
+        assert gpu.warp_size == 32 and gpu.max_threads_per_block == 1024
+        assert gpu.launch_s_graph < gpu.launch_s
+        assert gpu.l2_bw > gpu.dram_bw and gpu.l1_bw > gpu.l2_bw
+    assert [g.sm_count for g in (H100, H200, A100)] == [132, 132, 108]
+    assert (H100.l2_bytes, A100.l2_bytes) == (50 << 20, 40 << 20)
+
+
+@pytest.mark.parametrize("desc, arch", [(H100, "sm_90"), (H200, "sm_90"), (A100, "sm_80")])
+def test_gpu_tvm_target(desc, arch):
+    target = desc.tvm_target()
+    assert target.kind.name == "cuda" and target.attrs["arch"] == arch
+    assert int(target.attrs["registers_per_block"]) == 65536
+    assert int(target.attrs["l2_cache_size_bytes"]) == desc.l2_bytes
+
+
+def test_desc_is_frozen_and_hashable():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        H100.dram_bw = 1.0
+    with pytest.raises(TypeError):
+        H100.peak_flops["float32"] = 1.0
+    assert len({H100, H200, A100, H100.replace()}) == 3
+    assert H100.peak("int8") == H100.peak("float32")  # no figure: float32's
+
+
+def test_preset_lookup():
+    assert targets.preset("H100") is H100 and targets.preset(" a100 ") is A100
+    assert targets.preset("Host").kind == "cpu"
+    with pytest.raises(ValueError, match="unknown target 'nope'.*h100, h200, a100, host"):
+        targets.preset("nope")
+
+
+# ---------------------------------------------------------------------------- the host
+def _sysfs_cache(level: int) -> int | None:
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        if int((index / "level").read_text()) == level and (
+            (index / "type").read_text().strip() != "Instruction"
+        ):
+            return targets._parse_size((index / "size").read_text())
+    return None
+
+
+def test_host_matches_this_machine():
+    desc = targets.host(calibration=False)
+    assert desc.kind == "cpu" and desc.source.endswith("+default")
+    assert desc.cores == len(os.sched_getaffinity(0)) == desc.parallel_units
+    assert desc.arch == tvm.target.codegen.llvm_get_system_cpu() != "native"
+    for level, size in ((1, desc.l1_bytes), (2, desc.l2_bytes), (3, desc.l3_bytes)):
+        if _sysfs_cache(level) is not None:
+            assert size == _sysfs_cache(level)
+            assert desc.source.startswith("sysfs")
+    flags = Path("/proc/cpuinfo").read_text()
+    want = 512 if " avx512f" in flags else 256 if " avx2" in flags else 128
+    assert desc.vector_bits == want and desc.vector_regs == (32 if want == 512 else 16)
+    target = desc.tvm_target()
+    assert target.kind.name == "llvm" and target.attrs["mcpu"] == desc.arch
+    assert int(target.attrs["num-cores"]) == desc.cores
+
+
+def test_parse_size():
+    assert targets._parse_size("32K\n") == 32 << 10
+    assert targets._parse_size("32 M") == 32 << 20
+    assert targets._parse_size("1024") == 1024
+
+
+def test_for_target():
+    assert targets.for_target({"kind": "cuda", "arch": "sm_90"}) is H100
+    assert targets.for_target("nvidia/nvidia-h100") is H100  # sm_90a
+    assert targets.for_target({"kind": "cuda", "arch": "sm_80"}) is A100
+    assert targets.for_target({"kind": "cuda", "arch": "sm_90"}, gpu="h200") is H200
+    with pytest.raises(ValueError, match="sm_70"):
+        targets.for_target({"kind": "cuda", "arch": "sm_70"})
+    host = targets.for_target({"kind": "llvm", "mcpu": targets.host_cpu(), "num-cores": 1})
+    assert host.kind == "cpu" and host.cores == 1
+    assert targets.for_target("llvm").cores == len(os.sched_getaffinity(0))
+
+
+# ---------------------------------------------------------------------------- calibration
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cal") / "host_calibration.json"
+    return calibrate.calibrate(quick=True, path=path), path
+
+
+def test_quick_calibration_is_physical(calibrated):
+    desc, _ = calibrated
+    assert desc.source.endswith("+calibrated")
+    figures = {"dram_bw": desc.dram_bw, "flops": desc.peak("float32"), "launch": desc.launch_s}
+    assert all(math.isfinite(v) and v > 0 for v in figures.values()), figures
+    assert 0.5e9 <= desc.dram_bw <= 500e9, figures
+    assert 1e8 <= desc.peak("float32") <= 1e13, figures
+    assert 1e-8 <= desc.launch_s <= 1e-2, figures
+    assert desc.l2_bw > 0.5e9
+
+
+def test_calibration_round_trip(calibrated):
+    desc, path = calibrated
+    record = calibrate.load(path)
+    assert record["cpu"] == targets.host_cpu() and record["quick"] is True
+    assert "date" in record and record["num_cores"] == desc.cores
+    assert targets.host(num_cores=desc.cores, calibration=path) == desc
+    # A record from another CPU is ignored: back to the documented defaults.
+    other = path.with_name("other.json")
+    other.write_text(json.dumps(record | {"cpu": "not-this-cpu"}))
+    assert calibrate.load(other) is None
+    assert targets.host(num_cores=desc.cores, calibration=other).source.endswith("+default")
+    assert calibrate.load(path.with_name("absent.json")) is None

@@ -1,0 +1,85 @@
+"""The CostFuse pass in TVM's pipelines: numerics on llvm, offline CUDA builds, config keys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_costfuse
+from tvm_costfuse import CostFuse, zoo
+from tvm_costfuse.cost import group_features
+from tvm_costfuse.graph import build_graph
+from tvm_costfuse.measure import assert_close, run
+from tvm_costfuse.schedules.cuda import cuda_target, kernel_sources
+from conftest import prepared, reference
+from test_partition import _symbolic_module
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_costfuse_pipeline_matches_unfused_on_llvm(name: str) -> None:
+    mod, inputs = zoo.load(name, small=True)
+    ex = tvm.compile(mod, target="llvm", relax_pipeline=tvm_costfuse.pipeline("llvm"))
+    assert_close(run(ex, inputs), reference(name), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_costfuse_pipeline_compiles_for_cuda_offline(name: str) -> None:
+    mod, _ = zoo.load(name, small=True)
+    target = cuda_target("sm_90")
+    with target:
+        ex = tvm.compile(mod, target=target, relax_pipeline=tvm_costfuse.pipeline(target))
+    sources = kernel_sources(ex)
+    assert sources and all("__global__" in s for s in sources.values())
+
+
+def _plan(mod, **kwargs):
+    fuse = CostFuse(target="h100", **kwargs)
+    fuse(mod)
+    return fuse.plans["main"]
+
+
+def test_pass_context_keys_change_the_plan() -> None:
+    mod = prepared("elementwise_chain", small=False)[0]
+    graph = build_graph(mod)
+
+    def longest(plan) -> int:
+        return max(group_features(graph, g).chain_length for g in plan.estimates)
+
+    assert longest(_plan(mod)) > 4
+    with tvm.transform.PassContext(config={"costfuse.max_chain_length": 4}):
+        assert longest(_plan(mod)) <= 4
+        assert longest(_plan(mod, max_chain_length=8)) == 8  # the argument wins
+    with tvm.transform.PassContext(config={"costfuse.max_body_ops": 2}):
+        assert max(len(g) for g in _plan(mod).estimates) <= 2
+
+
+def test_bad_config_values_are_clear_errors() -> None:
+    with pytest.raises(Exception, match="costfuse.max_chain_length"):
+        tvm.transform.PassContext(config={"costfuse.max_chain_length": "eight"})
+    mod = prepared("rmsnorm")[0]
+    with tvm.transform.PassContext(config={"costfuse.max_body_ops": 0}):
+        with pytest.raises(ValueError, match="costfuse.max_body_ops"):
+            _plan(mod)
+
+
+def test_named_pipeline() -> None:
+    mod, inputs = zoo.load("rmsnorm", small=True)
+    ex = tvm.compile(mod, target="llvm", relax_pipeline="costfuse")
+    assert_close(run(ex, inputs), reference("rmsnorm"))
+
+
+def test_symbolic_region_is_left_to_fuseops_and_reported() -> None:
+    mod = _symbolic_module()
+    fuse = CostFuse(target="host")
+    fused = fuse(mod)
+    plan = fuse.plans["main"]
+    assert plan.left_to_fuseops and "left to FuseOps" in plan.notes[0]
+    tvm.ir.assert_structural_equal(fused, relax.transform.FuseOps()(mod))
+    ex = tvm.compile(fused, target="llvm", relax_pipeline=tvm_costfuse.passes.build_pipeline(
+        "llvm", None))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    x = np.linspace(-1, 1, 5).astype("float32")
+    got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.ShapeTuple([3])).numpy()
+    np.testing.assert_allclose(got, np.maximum(np.tile(x * 2 + 1, (3, 1)), 0), rtol=1e-6)
