@@ -1,8 +1,7 @@
-"""CPU schedules for fused PrimFuncs, and the Relax pipeline that runs them after FuseTIR.
+"""Schedules for fused PrimFuncs: LLVM-CPU rules here (``cpu``), CUDA in ``cuda``.
 
-``cpu_pipeline(target, fusion_pass)`` is TVM's ``cpu_generic`` default pipeline with two
-changes: the fusion pass is a parameter (so CostFuse's planner, or no fusion at all, can replace
-``FuseOps``) and :func:`schedule_pass` runs right after ``FuseTIR``, when every kernel is final.
+:func:`schedule_pass` runs right after ``FuseTIR``, when every kernel is final; the pipelines
+that place it are ``tvm_costfuse.passes.build_pipeline`` (CPU) and ``cuda.cuda_pipeline``.
 """
 
 from __future__ import annotations
@@ -10,8 +9,6 @@ from __future__ import annotations
 import os
 
 import tvm
-from tvm import relax
-from tvm.relax.backend.cpu_generic import pipeline as _cpu_generic
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
@@ -21,7 +18,6 @@ __all__ = [
     "Contraction",
     "Fallback",
     "RowReduction",
-    "cpu_pipeline",
     "host_target",
     "rules",
     "schedule_pass",
@@ -47,39 +43,3 @@ def host_target(num_cores: int | None = None) -> Target:
 def schedule_pass(target: Target) -> tvm.transform.Pass:
     """``ApplyDefaultSchedule`` with the CPU rules; run it after FuseTIR under ``with target``."""
     return dl.ApplyDefaultSchedule(*rules())
-
-
-def cpu_pipeline(
-    target: Target, fusion_pass: tvm.transform.Pass | None = None
-) -> tvm.transform.Pass:
-    """TVM's CPU default pipeline with a swappable fusion pass and our schedules after FuseTIR.
-
-    Parameters
-    ----------
-    target : Target
-        An LLVM target, e.g. :func:`host_target`.
-    fusion_pass : Pass, optional
-        Replaces ``relax.transform.FuseOps()``; None keeps FuseOps. A pass that marks nothing
-        ``Primitive`` makes FuseTIR a no-op, i.e. one kernel per op.
-    """
-    fuse = fusion_pass if fusion_pass is not None else relax.transform.FuseOps()
-    passes = (
-        _cpu_generic.library_dispatch_passes(target)
-        + [
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            fuse,
-            relax.transform.FuseTIR(),
-            schedule_pass(target),
-        ]
-        + _cpu_generic.dataflow_lower_passes(target)
-        + _cpu_generic.finalize_passes(target)
-    )
-
-    @tvm.transform.module_pass(opt_level=0, name="CostFuseCPUPipeline")
-    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        with target:
-            return tvm.transform.Sequential(passes)(mod)
-
-    return _pipeline

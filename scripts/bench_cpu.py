@@ -1,7 +1,8 @@
-"""Per zoo model: TVM stock pipeline vs FuseOps + our CPU rules vs no fusion + our rules.
+"""CPU benchmark: fusion strategies (and PyTorch eager, when installed) side by side.
 
-Prints median times, the speedups over stock, fused vs unfused, the worst output mismatch
-against stock (<= 1 means within rtol/atol), and geomeans. Example::
+Per zoo model, in one process with interleaved timing rounds: TVM's stock pipeline, no fusion
++ our CPU rules, FuseOps + our rules, CostFuse + our rules; numerics checked against stock.
+Prints medians, ratios and geomeans. Example::
 
     python scripts/bench_cpu.py --models mlp_gelu bert_layer --small
 """
@@ -10,47 +11,49 @@ from __future__ import annotations
 
 import argparse
 
-from tvm_costfuse.schedules import bench, host_target
+import tvm
 
 from tvm_costfuse import zoo
+from tvm_costfuse.measure import geomean, interleaved_medians, max_mismatch, run
+from tvm_costfuse.schedules import host_target
+from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=None, help="zoo names (default: all)")
+    ap.add_argument("--strategies", nargs="*", default=list(STRATEGIES))
     ap.add_argument("--small", action="store_true", help="the zoo's small shapes")
     ap.add_argument("--cores", type=int, default=None, help="num-cores of the target")
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--rtol", type=float, default=1e-4)
-    ap.add_argument("--atol", type=float, default=1e-5)
     args = ap.parse_args()
     target = host_target(args.cores)
     names = args.models or zoo.names()
+    strategies = args.strategies
     print(f"target {target}  small={args.small}")
-    head = f"{'model':<18}{'stock ms':>10}{'fuse ms':>10}{'nofuse ms':>10}"
-    print(head + f"{'stock/fuse':>11}{'nofuse/fuse':>12}{'err fuse':>9}{'err nof':>9}")
-    speedup, fusion_gain = [], []
+    print(f"{'model':<18}" + "".join(f"{s + ' ms':>13}" for s in strategies) + "  worst err")
+    times: dict[str, list[float]] = {s: [] for s in strategies}
     for name in names:
         mod, inputs = zoo.load(name, small=args.small)
-        built = {v: bench.build(mod, target, v) for v in bench.VARIANTS}
-        ref = bench.run(built["stock"], mod, inputs)
-        err = {
-            v: bench.max_mismatch(ref, bench.run(built[v], mod, inputs), args.rtol, args.atol)
-            for v in ("fuseops", "nofuse")
+        built = {
+            s: tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline(s, target))
+            for s in strategies
         }
-        t = bench.interleaved_medians(built, mod, inputs, args.repeat)
-        speedup.append(t["stock"] / t["fuseops"])
-        fusion_gain.append(t["nofuse"] / t["fuseops"])
-        print(
-            f"{name:<18}{t['stock'] * 1e3:>10.3f}{t['fuseops'] * 1e3:>10.3f}"
-            f"{t['nofuse'] * 1e3:>10.3f}{speedup[-1]:>11.2f}{fusion_gain[-1]:>12.2f}"
-            f"{err['fuseops']:>9.2g}{err['nofuse']:>9.2g}",
-            flush=True,
-        )
-    print(
-        f"geomean stock/fuse {bench.geomean(speedup):.2f}x  "
-        f"nofuse/fuse {bench.geomean(fusion_gain):.2f}x  over {len(names)} models"
-    )
+        ref = run(built[strategies[0]], inputs)
+        err = max(max_mismatch(ref, run(ex, inputs)) for ex in built.values())
+        t = interleaved_medians(built, inputs, args.repeat)
+        for s in strategies:
+            times[s].append(t[s])
+        print(f"{name:<18}" + "".join(f"{t[s] * 1e3:>13.3f}" for s in strategies)
+              + f"  {err:9.2g}", flush=True)
+    base = strategies[0]
+    for s in strategies[1:]:
+        ratios = [a / b for a, b in zip(times[base], times[s], strict=True)]
+        print(f"geomean {base}/{s}: {geomean(ratios):.2f}x over {len(names)} models")
+    if "tvm" in strategies and "costfuse" in strategies:
+        ratios = [a / b for a, b in zip(times["tvm"], times["costfuse"], strict=True)]
+        print(f"geomean tvm/costfuse: {geomean(ratios):.2f}x  "
+              f"(per model: {', '.join(f'{r:.2f}' for r in ratios)})")
 
 
 if __name__ == "__main__":

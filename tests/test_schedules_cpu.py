@@ -14,11 +14,12 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.script import tirx as T
+from tvm_costfuse.measure import max_mismatch, run
+from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.schedules import (
     Contraction,
     Fallback,
     RowReduction,
-    bench,
     host_target,
     rules,
     schedule_pass,
@@ -56,9 +57,9 @@ def _scheduled(rule, func) -> tirx.PrimFunc:
 
 
 def _check_numerics(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> None:
-    ref = bench.run(bench.build(mod, TARGET, "stock"), mod, inputs)
-    got = bench.run(bench.build(mod, TARGET, "fuseops"), mod, inputs)
-    assert bench.max_mismatch(ref, got, RTOL, ATOL) <= 1.0
+    ref = run(tvm.compile(mod, TARGET, relax_pipeline=strategy_pipeline("stock", TARGET)), inputs)
+    got = run(tvm.compile(mod, TARGET, relax_pipeline=strategy_pipeline("tvm", TARGET)), inputs)
+    assert max_mismatch(ref, got, RTOL, ATOL) <= 1.0
 
 
 # ----------------------------------------------------------------------------- fixtures

@@ -6,7 +6,10 @@ the demo and benchmark scripts measure the same way (warm-up, repeats, median).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+
+import time
 
 import numpy as np
 import tvm
@@ -77,3 +80,61 @@ def assert_close(
         if g.shape != w.shape:
             raise AssertionError(f"output {i}: shape {g.shape}, expected {w.shape}")
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"output {i}")
+
+
+# Runs shorter than this are re-warmed before each timed sample (see interleaved_medians).
+_REWARM_BELOW_S = 0.2
+
+
+def interleaved_medians(
+    executables: Mapping[str, tvm.runtime.Executable],
+    inputs: Mapping[str, np.ndarray],
+    repeat: int = 7,
+    device=None,
+) -> dict[str, float]:
+    """Median seconds per variant, measured side by side: rounds alternate between variants so
+    the drift of a shared machine hits all alike.
+
+    Each round takes one ``time_evaluator`` sample per variant (>= 50 ms of back-to-back calls,
+    averaged). A variant faster than ``_REWARM_BELOW_S`` gets one untimed call before each
+    sample: otherwise the variant timed right after a long one pays for the caches that run
+    flushed (seen as a steady 9% penalty).
+    """
+    device = device or tvm.cpu()
+    vms = {k: relax.VirtualMachine(ex, device) for k, ex in executables.items()}
+    args = [tvm.runtime.tensor(v, device) for v in inputs.values()]
+    timers = {
+        k: vm.time_evaluator("main", device, number=1, repeat=1, min_repeat_ms=50)
+        for k, vm in vms.items()
+    }
+    rewarm = {}
+    for k, vm in vms.items():
+        start = time.perf_counter()
+        vm["main"](*args)
+        rewarm[k] = time.perf_counter() - start < _REWARM_BELOW_S
+    samples: dict[str, list[float]] = {k: [] for k in vms}
+    for _ in range(repeat):
+        for k, timer in timers.items():
+            if rewarm[k]:
+                vms[k]["main"](*args)
+            samples[k].append(float(timer(*args).mean))
+    return {k: float(np.median(x)) for k, x in samples.items()}
+
+
+def max_mismatch(
+    want: Sequence[np.ndarray], got: Sequence[np.ndarray], rtol: float = 1e-4, atol: float = 1e-5
+) -> float:
+    """Largest |got - want| / (atol + rtol |want|) over all outputs; <= 1 means allclose."""
+    if len(want) != len(got):
+        return math.inf
+    worst = 0.0
+    for w, g in zip(want, got, strict=True):
+        if w.shape != g.shape:
+            return math.inf
+        worst = max(worst, float(np.max(np.abs(g - w) / (atol + rtol * np.abs(w)), initial=0.0)))
+    return worst
+
+
+def geomean(values: Sequence[float]) -> float:
+    """Geometric mean: the figure of merit across models."""
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan

@@ -1,0 +1,48 @@
+"""Fusion strategies as whole TVM pipelines: what the demo, benchmarks and comparisons build.
+
+- ``stock``: TVM's default pipeline for the target (CPU: FuseOps and no schedule at all;
+  CUDA: FuseOps and dlight's rules);
+- ``none``: no fusion, our schedules; ``tvm``: FuseOps, our schedules;
+- ``costfuse``: the CostFuse pass, our schedules.
+Every strategy but ``stock`` shares the schedules, so their differences are fusion alone.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .passes import build_pipeline
+from .transform import CostFuse
+
+STRATEGIES = ("stock", "none", "tvm", "costfuse")
+
+
+@tvm.transform.module_pass(opt_level=0, name="NoFusion")
+def no_fusion(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Groups nothing: FuseTIR then finds no Primitive function (one kernel per op)."""
+    return mod
+
+
+def fusion_pass(strategy: str, target: tvm.target.Target, **config) -> tvm.transform.Pass:
+    if strategy == "none":
+        return no_fusion
+    if strategy == "tvm":
+        return relax.transform.FuseOps()
+    if strategy == "costfuse":
+        return CostFuse(target=target, **config)
+    raise ValueError(f"unknown fusion strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+
+
+def strategy_pipeline(strategy: str, target, **config) -> tvm.transform.Pass:
+    """The relax pipeline that compiles a model with ``strategy`` for ``target``."""
+    from .schedules import schedule_pass  # noqa: PLC0415 (schedules import this package)
+    from .schedules.cuda import cuda_pipeline  # noqa: PLC0415
+
+    target = tvm.target.Target(target)
+    if strategy == "stock":
+        return relax.get_default_pipeline(target)
+    fusion = fusion_pass(strategy, target, **config)
+    if target.kind.name == "cuda":
+        return cuda_pipeline(target, fusion)
+    return build_pipeline(target, fusion, schedule_pass(target))
