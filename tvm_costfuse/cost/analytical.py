@@ -2,8 +2,8 @@
 
 time = launch + max(memory, compute) + (1 - overlap) * min(memory, compute)
 
-- memory: bytes crossing the group boundary once, at DRAM or last-level-cache bandwidth by
-  working-set size; intermediates are free only when the group's schedule keeps them on chip
+- memory: bytes crossing the group boundary once, each tensor at last-level-cache bandwidth
+  if it fits there, else at DRAM bandwidth; intermediates are free only when the group's schedule keeps them on chip
   (the fallback schedule materializes them: 2x their bytes), plus spill traffic;
 - compute: FLOPs (plus recomputation of inlined producers) at the rate of the schedule class,
   scaled by the parallelism the group exposes (output elements vs cores x lanes or SMs x warps);
@@ -103,15 +103,19 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     regs, over = registers(f, target)
     if register_budget is not None and target.kind == "cuda":
         over = max(over, regs - register_budget)
-    traffic = f.bytes_in + f.bytes_out
-    if f.schedule == "fallback":
-        traffic += 2 * f.bytes_internal
-    working_set = traffic + f.bytes_internal
     llc_bytes, llc_bw = last_level_cache(target)
-    bandwidth = target.dram_bw if working_set > llc_bytes else llc_bw
+
+    def seconds_to_move(size: int) -> float:
+        # A tensor that fits in half the last-level cache is served from it (its producer
+        # ran just before); a bigger one streams from DRAM.
+        return size / (llc_bw if size <= llc_bytes // 2 else target.dram_bw)
+
+    sizes = f.boundary_sizes or (f.bytes_in, f.bytes_out)
+    memory = sum(seconds_to_move(s) for s in sizes)
+    if f.schedule == "fallback":  # intermediates materialize: written, then read
+        memory += 2 * seconds_to_move(f.bytes_internal)
     # Each spilled register is stored and reloaded once per output element.
     spill_bytes = 2 * 4 * over * f.out_elems
-    memory = traffic / bandwidth
     spill = spill_bytes / llc_bw
 
     peak = target.peak(f"float{8 * f.dtype_bytes}")

@@ -8,7 +8,7 @@ priced without building anything.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 
 from ..graph import Node, OpGraph, OpPattern
 
@@ -36,6 +36,15 @@ def _itemsize(dtype: str) -> int:
     return max(1, int(bits or 32) // 8)
 
 
+def _is_window(node: Node) -> bool:
+    """A reduction that shrinks its input but reads it more than once (overlapping pooling
+    windows); normalizations (softmax, layer norm) keep the input's shape and are not."""
+    itemsize = _itemsize(node.outputs[0].dtype) if node.outputs else 4
+    biggest_input = max(1, max(node.input_bytes, default=0) // itemsize)
+    out = _elems(node)
+    return out < biggest_input and out * node.reduction_extent > 1.5 * biggest_input
+
+
 def _elems(node: Node) -> int:
     return sum((t.nbytes or 0) // _itemsize(t.dtype) for t in node.outputs)
 
@@ -59,9 +68,15 @@ class GroupFeatures:
     live_values: int  # values one thread / vector body keeps at once
     accumulators: int  # reductions over one shared input, evaluated in one loop
     dtype_bytes: int
+    prologue_ops: int = 0  # members that feed a contraction inside the group
+    reshaping_ops: int = 0  # injective members (transpose, reshape, split) outside a prologue
+    window_reductions: int = 0  # pooling: overlapping windows, not one pass over an axis
+    # Sizes of the tensors crossing the boundary (where each is served from depends on its
+    # own size); not part of the learned model's fixed-length vector.
+    boundary_sizes: tuple[int, ...] = ()
 
     def vector(self) -> list[float]:
-        return [float(v) for v in astuple(self)]
+        return [float(getattr(self, name)) for name in FEATURE_NAMES]
 
     @property
     def schedule(self) -> str:
@@ -69,13 +84,22 @@ class GroupFeatures:
         contraction with spatial producers/epilogue, reductions with epilogues, elementwise,
         or the fallback that leaves contractions unblocked and intermediates materialized."""
         if self.n_contractions == 0:
+            if self.window_reductions and self.n_ops > 1:
+                # Row-reduction rules schedule reductions over an axis; a pooling window
+                # fused with other ops falls back (measured: resnet18 with maxpool fused into
+                # BN + ReLU ran 1.25x slower on CPU).
+                return "fallback"
             return "reduction" if self.n_reductions else "elementwise"
-        if self.n_contractions == 1 and self.n_reductions == 0:
+        # Contraction rules (ours on CPU, dlight's Matmul on CUDA) take one contraction with
+        # an elementwise epilogue; a prologue or a reshaping epilogue lands in the fallback
+        # (measured: gpt2_block with transposes fused into its matmuls ran 13x slower on CPU).
+        if (self.n_contractions == 1 and self.n_reductions == 0 and not self.prologue_ops
+                and not self.reshaping_ops):
             return "contraction"
         return "fallback"
 
 
-FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures))
+FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name != "boundary_sizes")
 
 
 def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
@@ -101,22 +125,26 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         depth[n.name] = 1 + max((depth[p] for p in graph.producers(n.name) if p in member),
                                 default=0)
 
-    # Inlining an elementwise producer into a contraction recomputes it once per use of each
-    # of its elements (N times for the A operand of an M x K x N matmul); into several
-    # consumers, once per consumer.
+    # Members feeding a contraction inside the group (a prologue), found backwards from it.
+    prologue: set[str] = set()
+    stack = [n.name for n in nodes if classes[n.name] == "contraction"]
+    while stack:
+        for p in graph.producers(stack.pop()):
+            if p in member and p not in prologue and classes[p] != "contraction":
+                prologue.add(p)
+                stack.append(p)
+    # Inlining an elementwise producer into a contraction would recompute it once per use of
+    # each of its elements (N times for the A operand of an M x K x N matmul).
     recompute = 0.0
-    for n in nodes:
-        inside_readers = [r for r in graph.consumers.get(n.name, ()) if r in member]
-        if classes[n.name] in ("contraction", "reduction") or not inside_readers:
-            continue
-        uses = 0.0
-        for r in inside_readers:
-            reader = graph[r]
-            if classes[r] == "contraction":
-                uses += reader.flops / 2 / max(1, _elems(n))
-            else:
-                uses += 1
+    for name in prologue:
+        n = graph[name]
+        uses = sum(graph[r].flops / 2 / max(1, _elems(n))
+                   for r in graph.consumers.get(name, ()) if classes.get(r) == "contraction")
         recompute += n.flops * max(0.0, uses - 1)
+    reshaping = sum(
+        1 for n in nodes
+        if classes[n.name] == "injective" and n.name not in prologue
+    )
 
     shared_reads: dict[str, int] = {}
     for n in nodes:
@@ -143,4 +171,9 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         live_values=len(ext_in) + multi_use,
         accumulators=max(shared_reads.values(), default=0),
         dtype_bytes=_itemsize(dtype),
+        prologue_ops=len(prologue),
+        boundary_sizes=tuple(ext_in.values()) + tuple(n.bytes_written for n in outputs),
+        window_reductions=sum(1 for n in nodes if classes[n.name] == "reduction"
+                              and _is_window(n)),
+        reshaping_ops=reshaping if any(c == "contraction" for c in classes.values()) else 0,
     )

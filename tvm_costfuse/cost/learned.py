@@ -1,0 +1,227 @@
+"""The learned cost model: XGBoost predicting log(kernel seconds) from group features.
+
+Inputs are the ``FEATURE_NAMES`` vector (log1p-scaled), the schedule class as a one-hot, and the
+analytical model's estimate and breakdown terms (log seconds), so the trees learn a correction
+of the analytical model rather than the machine from scratch. Training data are the measured
+groups in ``tuning_logs/<target>/groups/features.jsonl`` (see ``database`` and ``feedback``).
+
+A trained model answers with the same signature as ``analytical.estimate``. Where it cannot be
+trusted -- fewer than ``MIN_RECORDS`` training records, or a query whose features lie far outside
+the range seen in training -- it answers with the analytical estimate instead, marks it
+(``confidence`` = ``FALLBACK_CONFIDENCE``, ``breakdown["fallback"] = 1``), counts it in
+``LearnedModel.fallbacks`` and logs the first one per reason: never silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .analytical import Estimate
+from .analytical import estimate as analytical_estimate
+from .features import FEATURE_NAMES, GroupFeatures
+
+__all__ = ["LearnedModel", "load_model", "model_path", "rows_to_dataset", "train",
+           "train_rows"]
+
+_log = logging.getLogger(__name__)
+
+# Below this many measured groups the trees memorize rather than generalize: fall back.
+MIN_RECORDS = 30
+# A feature more than this many e-folds (in log1p units) beyond the training range is an
+# extrapolation trees cannot make (they predict the edge value): fall back.
+RANGE_MARGIN = 1.0
+LEARNED_CONFIDENCE = 0.8
+FALLBACK_CONFIDENCE = 0.1
+MODEL_FILE = "xgb_model.json"
+META_FILE = "xgb_model.meta.json"
+_FAILED = 1e9  # run_secs at or above this are failed records (meta-schedule writes 1e10)
+_SCHEDULES = ("contraction", "reduction", "elementwise", "fallback")
+_TERMS = ("launch", "memory", "compute", "spill")
+_PARAMS = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.08, "subsample": 0.9,
+           "colsample_bytree": 0.9, "min_child_weight": 1.0, "seed": 0, "nthread": 1}
+_ROUNDS = 300
+
+
+def input_names() -> list[str]:
+    return ([f"log1p_{n}" for n in FEATURE_NAMES] + [f"is_{s}" for s in _SCHEDULES]
+            + ["log_analytical"] + [f"log_{t}" for t in _TERMS])
+
+
+def _inputs(f: GroupFeatures, target) -> tuple[np.ndarray, Estimate]:
+    est = analytical_estimate(f, target)
+    row = [math.log1p(max(0.0, v)) for v in f.vector()]
+    row += [1.0 if f.schedule == s else 0.0 for s in _SCHEDULES]
+    row += [math.log(max(est.seconds, 1e-12))]
+    row += [math.log(max(est.breakdown.get(t, 0.0), 1e-12)) for t in _TERMS]
+    return np.asarray(row, dtype=np.float64), est
+
+
+def _features_of(row: dict) -> GroupFeatures:
+    """GroupFeatures from a stored row, matched by name (the schema may have grown since)."""
+    by_name = dict(zip(row["feature_names"], row["features"], strict=True))
+    known = GroupFeatures.__dataclass_fields__
+    return GroupFeatures(**{n: type_(by_name.get(n, 0)) for n, type_ in
+                            ((n, float if known[n].type in ("float", float) else int)
+                             for n in FEATURE_NAMES)})
+
+
+def rows_to_dataset(rows: Iterable[dict], target) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, log median seconds) of the rows that measured successfully."""
+    xs, ys = [], []
+    for row in rows:
+        secs = [s for s in row["run_secs"] if s < _FAILED]
+        if not secs or row.get("error"):
+            continue
+        xs.append(_inputs(_features_of(row), target)[0])
+        ys.append(math.log(float(np.median(secs))))
+    width = len(input_names())
+    return np.asarray(xs, dtype=np.float64).reshape(-1, width), np.asarray(ys)
+
+
+class LearnedModel:
+    """A trained booster (or none) with the feature range it saw; callable like
+    ``analytical.estimate``."""
+
+    def __init__(self, booster=None, n_records: int = 0, lo: Sequence[float] | None = None,
+                 hi: Sequence[float] | None = None, models: Sequence[str] = (),
+                 min_records: int = MIN_RECORDS) -> None:
+        self.booster, self.n_records = booster, n_records
+        self.lo = np.asarray(lo if lo is not None else [], dtype=np.float64)
+        self.hi = np.asarray(hi if hi is not None else [], dtype=np.float64)
+        self.models, self.min_records = tuple(models), min_records
+        self.fallbacks: Counter[str] = Counter()
+        self.queries = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.booster is not None and self.n_records >= self.min_records
+
+    def _why_not(self, x: np.ndarray) -> str | None:
+        if not self.usable:
+            return f"too little data ({self.n_records} records < {self.min_records})"
+        n = len(FEATURE_NAMES)
+        out = (x[:n] < self.lo[:n] - RANGE_MARGIN) | (x[:n] > self.hi[:n] + RANGE_MARGIN)
+        if out.any():
+            return "features outside the training range: " + ", ".join(
+                FEATURE_NAMES[i] for i in np.flatnonzero(out))
+        return None
+
+    def __call__(self, features: GroupFeatures, target,
+                 register_budget: int | None = None) -> Estimate:
+        """Predicted kernel time, or the analytical estimate marked as a fallback."""
+        self.queries += 1
+        x, est = _inputs(features, target)
+        if register_budget is not None:
+            est = analytical_estimate(features, target, register_budget)
+        why = self._why_not(x)
+        if why is not None:
+            kind = why.split(":")[0].split(" (")[0]
+            if not self.fallbacks[kind]:
+                _log.warning("learned cost model falls back to analytical: %s", why)
+            self.fallbacks[kind] += 1
+            return Estimate(est.seconds, {**est.breakdown, "fallback": 1.0}, est.registers,
+                            est.spill_bytes, FALLBACK_CONFIDENCE)
+        import xgboost as xgb  # noqa: PLC0415
+
+        seconds = math.exp(float(self.booster.predict(xgb.DMatrix(x[None, :]))[0]))
+        return Estimate(seconds, {"learned": seconds, "analytical": est.seconds},
+                        est.registers, est.spill_bytes, LEARNED_CONFIDENCE)
+
+    def fallback_report(self) -> str:
+        total = sum(self.fallbacks.values())
+        parts = ", ".join(f"{k}: {v}" for k, v in sorted(self.fallbacks.items()))
+        return f"{total} of {self.queries} queries fell back to analytical" + (
+            f" ({parts})" if parts else "")
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, work_dir: str | Path) -> Path:
+        """Write ``xgb_model.json`` (the booster) and its meta file into ``work_dir``."""
+        work_dir = Path(work_dir)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        if self.booster is not None:
+            self.booster.save_model(str(work_dir / MODEL_FILE))
+        meta = {"n_records": self.n_records, "lo": self.lo.tolist(), "hi": self.hi.tolist(),
+                "models": list(self.models), "inputs": input_names(),
+                "has_booster": self.booster is not None}
+        (work_dir / META_FILE).write_text(json.dumps(meta, indent=1))
+        return work_dir / MODEL_FILE
+
+    @classmethod
+    def load(cls, work_dir: str | Path) -> LearnedModel:
+        import xgboost as xgb  # noqa: PLC0415
+
+        work_dir = Path(work_dir)
+        meta = json.loads((work_dir / META_FILE).read_text())
+        if meta.get("inputs") != input_names():
+            _log.warning("learned model in %s was trained on other inputs; retrain it", work_dir)
+            return cls(None, 0)
+        booster = None
+        if meta.get("has_booster"):
+            booster = xgb.Booster()
+            booster.load_model(str(work_dir / MODEL_FILE))
+        return cls(booster, meta["n_records"], meta["lo"], meta["hi"], meta["models"])
+
+
+def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS) -> LearnedModel:
+    """Train on features rows (``GroupDatabase.rows()``); ``target`` is the TargetDesc that
+    prices the analytical inputs."""
+    import xgboost as xgb  # noqa: PLC0415
+
+    x, y = rows_to_dataset(rows, target)
+    models = sorted({r["model"] for r in rows})
+    if len(y) == 0:
+        return LearnedModel(None, 0, models=models, min_records=min_records)
+    booster = xgb.train(_PARAMS, xgb.DMatrix(x, label=y), num_boost_round=_ROUNDS)
+    return LearnedModel(booster, len(y), x.min(axis=0), x.max(axis=0), models, min_records)
+
+
+def _target_work_dir(target) -> Path:
+    """tuning_logs/<kind>-<arch>/groups for a TargetDesc (the database's default folder)."""
+    from ..database import _REPO_ROOT  # noqa: PLC0415
+
+    kind = "llvm" if target.kind == "cpu" else target.kind
+    return _REPO_ROOT / "tuning_logs" / f"{kind}-{target.arch}" / "groups"
+
+
+def model_path(target) -> Path:
+    return _target_work_dir(target) / MODEL_FILE
+
+
+def train(work_dir: str | Path, target=None, save: bool = True) -> LearnedModel:
+    """Train on every measured group in ``work_dir`` and (by default) save the model there.
+
+    ``target``: TargetDesc for the analytical inputs; default this host.
+    """
+    from ..database import GroupDatabase  # noqa: PLC0415
+    from ..targets import host  # noqa: PLC0415
+
+    target = target or host()
+    model = train_rows(GroupDatabase(work_dir).rows(), target)
+    if save:
+        model.save(work_dir)
+    return model
+
+
+def load_model(target, work_dir: str | Path | None = None) -> LearnedModel:
+    """The learned model for ``target`` (a TargetDesc), as a callable like
+    ``analytical.estimate``.
+
+    Loads ``xgb_model.json`` from ``work_dir`` (default ``tuning_logs/<kind>-<arch>/groups``);
+    trains it first when only measurements are there. With no data at all, every query falls
+    back to the analytical model (and says so).
+    """
+    work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
+    if (work_dir / META_FILE).exists():
+        return LearnedModel.load(work_dir)
+    if (work_dir / "features.jsonl").exists():
+        return train(work_dir, target)
+    _log.warning("no measured groups in %s: the learned model will answer analytically",
+                 work_dir)
+    return LearnedModel(None, 0)
