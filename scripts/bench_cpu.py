@@ -1,8 +1,10 @@
-"""CPU benchmark: fusion strategies (and PyTorch eager, when installed) side by side.
+"""CPU benchmark: fusion strategies, optional tuned schedules and PyTorch eager side by side.
 
 Per zoo model, in one process with interleaved timing rounds: TVM's stock pipeline, no fusion
-+ our CPU rules, FuseOps + our rules, CostFuse + our rules; numerics checked against stock.
-Prints medians, ratios and geomeans. Example::
++ our CPU rules, FuseOps + our rules, CostFuse + our rules, optionally FuseOps + a meta-schedule
+database (``--tuned DIR``, rules for untuned kernels), and PyTorch eager at 1 and 2 threads
+(``scripts/torch_zoo.py``, same weights) when torch is installed. Every output is checked
+against stock before timing. Prints medians, ratios and geomeans. Example::
 
     python scripts/bench_cpu.py --models mlp_gelu bert_layer --small
 """
@@ -10,13 +12,94 @@ Prints medians, ratios and geomeans. Example::
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import tvm
+from tvm import relax
+from tvm_costfuse.schedules import host_target
 
 from tvm_costfuse import zoo
-from tvm_costfuse.measure import geomean, interleaved_medians, max_mismatch, run
-from tvm_costfuse.schedules import host_target
+from tvm_costfuse.measure import geomean, max_mismatch, run
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
+
+try:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import torch_zoo
+except ImportError:  # torch is an optional extra
+    torch = None
+
+# One timing sample lasts at least this long (back-to-back calls, averaged).
+_SAMPLE_MS = 50
+# Runs shorter than this get an untimed call before each sample (cache warm-up after a long run).
+_REWARM_BELOW_S = 0.2
+TORCH_THREADS = (1, 2)
+
+Sampler = Callable[[], float]
+
+
+def _tvm_sampler(ex: tvm.runtime.Executable, inputs) -> Sampler:
+    """One sample = one ``time_evaluator`` batch of >= _SAMPLE_MS, as measure.interleaved_medians."""
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(v, dev) for v in inputs.values()]
+    timer = vm.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=_SAMPLE_MS)
+    start = time.perf_counter()
+    vm["main"](*args)
+    rewarm = time.perf_counter() - start < _REWARM_BELOW_S
+
+    def sample() -> float:
+        if rewarm:
+            vm["main"](*args)
+        return float(timer(*args).mean)
+
+    return sample
+
+
+def _torch_sampler(fn: Callable, threads: int) -> Sampler:
+    """One sample = mean of back-to-back eager calls over >= _SAMPLE_MS at ``threads`` threads."""
+
+    def sample() -> float:
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            fn()  # warm-up (also re-warms caches after the previous variant)
+            calls, start = 0, time.perf_counter()
+            while True:
+                fn()
+                calls += 1
+                elapsed = time.perf_counter() - start
+                if elapsed * 1e3 >= _SAMPLE_MS:
+                    return elapsed / calls
+
+    return sample
+
+
+def _interleaved(samplers: dict[str, Sampler], repeat: int) -> dict[str, float]:
+    """Median per variant over ``repeat`` rounds; each round samples every variant once."""
+    samples: dict[str, list[float]] = {k: [] for k in samplers}
+    for _ in range(repeat):
+        for k, sample in samplers.items():
+            samples[k].append(sample())
+    return {k: float(np.median(v)) for k, v in samples.items()}
+
+
+def _ratio_line(times: dict[str, list[float]], num: str, den: str) -> str:
+    pairs = [
+        (a, b)
+        for a, b in zip(times[num], times[den], strict=True)
+        if math.isfinite(a) and math.isfinite(b)
+    ]
+    ratios = [a / b for a, b in pairs]
+    return (
+        f"geomean {num}/{den}: {geomean(ratios):.2f}x over {len(ratios)} models  "
+        f"(per model: {', '.join(f'{r:.2f}' for r in ratios)})"
+    )
 
 
 def main() -> None:
@@ -26,34 +109,58 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="the zoo's small shapes")
     ap.add_argument("--cores", type=int, default=None, help="num-cores of the target")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument(
+        "--tuned",
+        type=Path,
+        default=None,
+        help="meta-schedule database dir: adds a 'tuned' column (FuseOps + database)",
+    )
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager columns")
     args = ap.parse_args()
     target = host_target(args.cores)
     names = args.models or zoo.names()
-    strategies = args.strategies
-    print(f"target {target}  small={args.small}")
-    print(f"{'model':<18}" + "".join(f"{s + ' ms':>13}" for s in strategies) + "  worst err")
-    times: dict[str, list[float]] = {s: [] for s in strategies}
+    pipelines = {s: strategy_pipeline(s, target) for s in args.strategies}
+    if args.tuned is not None:
+        from tvm_costfuse.tuning import tuned_pipeline
+
+        pipelines["tuned"] = tuned_pipeline(target, args.tuned, fusion="tvm")
+    with_torch = torch is not None and not args.no_torch
+    columns = list(pipelines) + ([f"torch{n}" for n in TORCH_THREADS] if with_torch else [])
+    print(
+        f"target {target}  small={args.small}  repeat={args.repeat}  "
+        f"torch={torch.__version__ if with_torch else 'no'}"
+    )
+    print(f"{'model':<18}" + "".join(f"{c + ' ms':>13}" for c in columns) + "  tvm err  torch err")
+    times: dict[str, list[float]] = {c: [] for c in columns}
     for name in names:
         mod, inputs = zoo.load(name, small=args.small)
-        built = {
-            s: tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline(s, target))
-            for s in strategies
-        }
-        ref = run(built[strategies[0]], inputs)
+        built = {k: tvm.compile(mod, target=target, relax_pipeline=p) for k, p in pipelines.items()}
+        ref = run(built[columns[0]], inputs)
         err = max(max_mismatch(ref, run(ex, inputs)) for ex in built.values())
-        t = interleaved_medians(built, inputs, args.repeat)
-        for s in strategies:
-            times[s].append(t[s])
-        print(f"{name:<18}" + "".join(f"{t[s] * 1e3:>13.3f}" for s in strategies)
-              + f"  {err:9.2g}", flush=True)
-    base = strategies[0]
-    for s in strategies[1:]:
-        ratios = [a / b for a, b in zip(times[base], times[s], strict=True)]
-        print(f"geomean {base}/{s}: {geomean(ratios):.2f}x over {len(names)} models")
-    if "tvm" in strategies and "costfuse" in strategies:
-        ratios = [a / b for a, b in zip(times["tvm"], times["costfuse"], strict=True)]
-        print(f"geomean tvm/costfuse: {geomean(ratios):.2f}x  "
-              f"(per model: {', '.join(f'{r:.2f}' for r in ratios)})")
+        samplers = {k: _tvm_sampler(ex, inputs) for k, ex in built.items()}
+        torch_err = math.nan
+        if with_torch:
+            fn, _ = torch_zoo.load(name, small=args.small)
+            with torch.inference_mode():
+                torch_err = max_mismatch(ref, [fn().numpy()])
+            for n in TORCH_THREADS:
+                samplers[f"torch{n}"] = _torch_sampler(fn, n)
+        t = _interleaved(samplers, args.repeat)
+        for c in columns:
+            times[c].append(t[c])
+        print(
+            f"{name:<18}"
+            + "".join(f"{t[c] * 1e3:>13.3f}" for c in columns)
+            + f"  {err:7.2g}  {torch_err:9.2g}",
+            flush=True,
+        )
+    base = columns[0]
+    for c in columns[1:]:
+        print(_ratio_line(times, base, c))
+    if "tvm" in times:
+        for c in ("none", "costfuse", "tuned", *(f"torch{n}" for n in TORCH_THREADS)):
+            if c in times:
+                print(_ratio_line(times, c, "tvm"))
 
 
 if __name__ == "__main__":

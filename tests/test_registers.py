@@ -14,7 +14,6 @@ from tvm_costfuse import registers, zoo
 from tvm_costfuse.registers import KernelResources, SpillCount
 
 DATA = Path(__file__).parent / "data"
-needs_nvcc = pytest.mark.skipif(registers.find_nvcc() is None, reason="needs nvcc (CUDA toolkit)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +130,6 @@ def test_zoo_model_compiles_for_sm90(zoo_cuda, name):
     assert all(src.count("__global__") == 1 for src in kernels.values())
 
 
-@needs_nvcc
 @pytest.mark.parametrize("name", zoo.names())
 def test_zoo_model_ptxas_one_entry_per_kernel(zoo_cuda, zoo_ptxas, name):
     report = zoo_ptxas[name]
@@ -158,7 +156,6 @@ def test_guarded_rule_turns_errors_into_no_match():
 # ---------------------------------------------------------------------------------------------
 
 
-@needs_nvcc
 def test_live_accumulators_spill_on_sm90():
     few = registers.ptxas_report(cuda.cuda_source(cuda.compile_cuda(live_accumulators(16))))
     many = registers.ptxas_report(cuda.cuda_source(cuda.compile_cuda(live_accumulators(384))))
@@ -167,7 +164,6 @@ def test_live_accumulators_spill_on_sm90():
     assert many["acc384_kernel"].spill_store_bytes > 0 < many["acc384_kernel"].spill_load_bytes
 
 
-@needs_nvcc
 def test_register_cap_needs_stripped_launch_bounds():
     src = cuda.cuda_source(cuda.compile_cuda(live_accumulators(64)))
     assert not registers.ptxas_report(src)["acc64_kernel"].spills  # ~80 registers

@@ -80,6 +80,21 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    import json  # noqa: PLC0415
+
+    from .explain import draw, explain, format_text  # noqa: PLC0415
+
+    caps = {"max_chain_length": args.max_chain_length, "max_body_ops": args.max_body_ops,
+            "register_budget": args.register_budget}
+    report = explain(args.model, args.target, small=args.small, **caps)
+    print(json.dumps(report, indent=1) if args.json else format_text(report))
+    if args.plot:
+        draw(report, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="costfuse", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,6 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     graph.add_argument("model", choices=zoo.names())
     graph.add_argument("--small", action="store_true")
     graph.set_defaults(func=cmd_graph)
+    explain = sub.add_parser("explain", help="CostFuse's plan for a model, with reasons and costs")
+    explain.add_argument("model", choices=zoo.names())
+    explain.add_argument("--target", default="host", choices=["host", "h100", "h200", "a100"])
+    explain.add_argument("--small", action="store_true")
+    explain.add_argument("--json", action="store_true", help="print the report as JSON")
+    explain.add_argument("--plot", metavar="PNG", help="draw the fused graph to this file")
+    explain.add_argument("--max-chain-length", type=int)
+    explain.add_argument("--max-body-ops", type=int)
+    explain.add_argument("--register-budget", type=int)
+    explain.set_defaults(func=cmd_explain)
     args = parser.parse_args(argv)
     np.set_printoptions(precision=4)
     return args.func(args)

@@ -3,6 +3,7 @@
 - ``stock``: TVM's default pipeline for the target (CPU: FuseOps and no schedule at all;
   CUDA: FuseOps and dlight's rules);
 - ``none``: no fusion, our schedules; ``tvm``: FuseOps, our schedules;
+- ``rules``: pattern rules plus canonical patterns (``rules.RulesFuse``), our schedules;
 - ``costfuse``: the CostFuse pass, our schedules.
 Every strategy but ``stock`` shares the schedules, so their differences are fusion alone.
 """
@@ -13,9 +14,10 @@ import tvm
 from tvm import relax
 
 from .passes import build_pipeline
+from .rules import RulesFuse
 from .transform import CostFuse
 
-STRATEGIES = ("stock", "none", "tvm", "costfuse")
+STRATEGIES = ("stock", "none", "tvm", "rules", "costfuse")
 
 
 @tvm.transform.module_pass(opt_level=0, name="NoFusion")
@@ -29,6 +31,8 @@ def fusion_pass(strategy: str, target: tvm.target.Target, **config) -> tvm.trans
         return no_fusion
     if strategy == "tvm":
         return relax.transform.FuseOps()
+    if strategy == "rules":
+        return RulesFuse()
     if strategy == "costfuse":
         return CostFuse(target=target, **config)
     raise ValueError(f"unknown fusion strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")

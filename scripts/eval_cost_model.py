@@ -1,0 +1,148 @@
+"""Collect measured fusion groups, and evaluate cost models on them (leave-one-model-out).
+
+measure: time the candidate groups of zoo models into tuning_logs/<target>/groups
+    python scripts/eval_cost_model.py measure --size small --models mlp_gelu attention
+evaluate: for each zoo model held out, train the learned model on the others' records and
+compare it with the analytical model on the held-out model's records:
+- decision accuracy on candidate pairs (left, right, left+right all measured): does
+  predicted(fused) < predicted(left) + predicted(right) agree with the measured times?
+- Kendall tau of predicted vs measured kernel times over the model's measured groups.
+    python scripts/eval_cost_model.py evaluate
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+from scipy.stats import kendalltau
+
+from tvm_costfuse import zoo
+from tvm_costfuse.cost.analytical import estimate
+from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _features_of, train_rows
+from tvm_costfuse.database import GroupDatabase, default_work_dir
+from tvm_costfuse.feedback import MeasureConfig, measure_model
+from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import for_target
+
+
+def _measure(args) -> None:
+    target = host_target()
+    work_dir = args.work_dir or default_work_dir(target)
+    config = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                           timeout_s=args.timeout)
+    for size in args.size:
+        for name in args.models or zoo.names():
+            model = f"{name}{'@small' if size == 'small' else ''}"
+            mod, _ = zoo.load(name, small=size == "small")
+            print(f"{model}:", flush=True)
+            s = measure_model(model, mod, target, work_dir, config, max_groups=args.max_groups,
+                              log=lambda m: print(m, flush=True))
+            print(f"{model}: measured {s.measured}, failed {s.failed}, reused {s.reused}, "
+                  f"unformable {s.unformable}, "
+                  f"skipped {s.skipped} in {s.seconds:.0f} s", flush=True)
+
+
+def _median(row: dict) -> float:
+    return float(np.median(row["run_secs"]))
+
+
+def _pairs(rows: list[dict]) -> list[tuple[dict, dict, dict]]:
+    """(left, right, union) triples among one model's measured groups: every split of a
+    measured group into two measured groups (the planner's decisions, reconstructed)."""
+    by_key = {frozenset(r["members"]): r for r in rows}
+    out = []
+    for union in by_key:
+        if len(union) < 2:
+            continue
+        for left in by_key:
+            right = union - left
+            if left < union and right in by_key and min(left) < min(right):
+                out.append((by_key[left], by_key[right], by_key[union]))
+    return out
+
+
+def _scores(rows, predict) -> tuple[float, float, int, float]:
+    """(Kendall tau over groups, decision accuracy over pairs, pairs, share measured fused)."""
+    pred = {id(r): predict(r) for r in rows}
+    tau = kendalltau([_median(r) for r in rows], [pred[id(r)] for r in rows]).statistic
+    pairs = _pairs(rows)
+    hits = sum(
+        (_median(u) < _median(a) + _median(b)) == (pred[id(u)] < pred[id(a)] + pred[id(b)])
+        for a, b, u in pairs
+    )
+    fused = sum(_median(u) < _median(a) + _median(b) for a, b, u in pairs)
+    n = len(pairs)
+    return tau, hits / n if n else float("nan"), n, fused / n if n else float("nan")
+
+
+def _evaluate(args) -> None:
+    target = host_target()
+    desc = for_target(target)
+    rows = [r for r in GroupDatabase(args.work_dir or default_work_dir(target)).rows()
+            if not r.get("error") and max(r["run_secs"]) < 1e9]
+    arch = sorted({r["model"].split("@")[0] for r in rows})
+    print(f"{len(rows)} measured groups of {len({r['model'] for r in rows})} models; "
+          "leave-one-architecture-out (small and full variants held out together)\n")
+    head = (f"{'held out':<24}{'groups':>7}{'pairs':>7}{'fuse%':>7}"
+            f"{'acc analyt':>12}{'acc xgb':>9}{'tau analyt':>12}{'tau xgb':>9}{'fallback':>10}")
+    print(head)
+    print("-" * len(head))
+    total = {"pairs": 0, "acc_a": 0.0, "acc_l": 0.0}
+    all_rows, all_a, all_l = [], [], []
+    for name in arch:
+        held = [r for r in rows if r["model"].split("@")[0] == name]
+        train = [r for r in rows if r["model"].split("@")[0] != name]
+        model = train_rows(train, desc, min_records=args.min_records)
+        for model_name in sorted({r["model"] for r in held}):
+            group = [r for r in held if r["model"] == model_name]
+            a_est = {id(r): estimate(_features_of(r), desc).seconds for r in group}
+            l_est = {id(r): model(_features_of(r), desc) for r in group}
+            fell = sum(e.confidence == FALLBACK_CONFIDENCE for e in l_est.values())
+            tau_a, acc_a, n, fused = _scores(group, lambda r: a_est[id(r)])
+            tau_l, acc_l, _, _ = _scores(group, lambda r: l_est[id(r)].seconds)
+            print(f"{model_name:<24}{len(group):>7}{n:>7}{100 * fused:>6.0f}%"
+                  f"{acc_a:>12.2f}{acc_l:>9.2f}{tau_a:>12.2f}{tau_l:>9.2f}"
+                  f"{f'{fell}/{len(group)}':>10}")
+            if n:
+                total["pairs"] += n
+                total["acc_a"] += acc_a * n
+                total["acc_l"] += acc_l * n
+            all_rows += group
+            all_a += [a_est[id(r)] for r in group]
+            all_l += [l_est[id(r)].seconds for r in group]
+    meas = [_median(r) for r in all_rows]
+    p = total["pairs"]
+    print("-" * len(head))
+    print(f"{'all (pairs pooled)':<24}{len(all_rows):>7}{p:>7}{'':>7}"
+          f"{total['acc_a'] / p:>12.2f}{total['acc_l'] / p:>9.2f}"
+          f"{kendalltau(meas, all_a).statistic:>12.2f}{kendalltau(meas, all_l).statistic:>9.2f}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure", help="measure candidate groups of zoo models")
+    m.add_argument("--models", nargs="*", default=None)
+    m.add_argument("--size", nargs="+", choices=["small", "full"], default=["small"])
+    m.add_argument("--max-groups", type=int, default=None)
+    m.add_argument("--repeat", type=int, default=3)
+    m.add_argument("--min-repeat-ms", type=int, default=30)
+    m.add_argument("--timeout", type=float, default=120.0)
+    m.add_argument("--work-dir", default=None)
+    e = sub.add_parser("evaluate", help="leave-one-model-out: analytical vs learned")
+    e.add_argument("--work-dir", default=None)
+    e.add_argument("--min-records", type=int, default=30)
+    args = parser.parse_args(argv)
+    if args.cmd == "measure":
+        _measure(args)
+    else:
+        _evaluate(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

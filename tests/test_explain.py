@@ -1,0 +1,79 @@
+"""``costfuse explain``: the report covers every op once, prices every partition, and draws."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import prepared
+
+from tvm_costfuse import build_graph
+from tvm_costfuse.cli import main
+from tvm_costfuse.explain import draw, explain, format_text, intermediate_bytes, kernels_of
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    return explain("layernorm_mlp", "h100", small=True)
+
+
+def test_report_is_json_and_covers_every_op_once(report) -> None:
+    json.dumps(report)
+    graph = build_graph(prepared("layernorm_mlp")[0])
+    ops = [o["binding"] for g in report["groups"] for o in g["ops"]]
+    assert sorted(ops) == sorted(graph.call_tir_names())
+    for g in report["groups"]:
+        assert set(g["breakdown"]) >= {"launch", "memory", "compute", "spill"}
+        assert g["predicted_s"] >= sum(g["breakdown"].values()) * 0.5 > 0
+        assert g["schedule"] in ("contraction", "reduction", "elementwise", "fallback")
+
+
+def test_every_decision_has_a_reason_and_accepted_ones_gain(report) -> None:
+    assert report["decisions"]
+    for d in report["decisions"]:
+        assert d["reason"]
+        assert not d["accepted"] or d["gain_s"] > 0
+
+
+def test_totals_compare_partitions_under_one_model(report) -> None:
+    t = report["totals"]
+    assert t["none"]["kernels"] == 7 and t["fuseops"]["kernels"] == 3
+    assert t["costfuse"]["kernels"] == len(report["groups"])
+    assert t["costfuse"]["predicted_s"] == pytest.approx(
+        sum(g["predicted_s"] for g in report["groups"]))
+    assert t["costfuse"]["predicted_s"] <= t["none"]["predicted_s"]
+    assert t["costfuse"]["intermediate_bytes"] < t["none"]["intermediate_bytes"]
+
+
+def test_intermediate_bytes_counts_tensors_between_kernels() -> None:
+    # rmsnorm (small, 8 x 64 floats): unfused, square / mean / add / rsqrt / mul are written and
+    # read back (2 KiB + 3 x 32 B + 2 KiB); fused into one kernel nothing is.
+    graph = build_graph(prepared("rmsnorm")[0])
+    assert intermediate_bytes(graph, kernels_of(graph, [])) == 2048 + 3 * 32 + 2048
+    assert intermediate_bytes(graph, kernels_of(graph, [graph.call_tir_names()])) == 0
+
+
+def test_caps_reach_the_planner() -> None:
+    capped = explain("conv_bn_relu", "h100", small=True, max_body_ops=1)
+    assert all(len([o for o in g["ops"] if o["prim_func"]]) == 1 for g in capped["groups"])
+    assert any("max_body_ops 1" in d["reason"] for d in capped["decisions"])
+
+
+def test_format_text_lists_kernels_and_totals(report) -> None:
+    text = format_text(report)
+    assert "layer_norm[redu]" in text and "fuseops" in text and "decisions:" in text
+
+
+def test_draw_writes_a_png(report, tmp_path) -> None:
+    import matplotlib  # noqa: F401  (test extra)
+    path = draw(report, str(tmp_path / "plan.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_explain_json(capsys) -> None:
+    assert main(["explain", "rmsnorm", "--small", "--target", "host", "--json",
+                 "--max-chain-length", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["max_chain_length"] == 3
+    assert out["totals"]["costfuse"]["kernels"] > 1

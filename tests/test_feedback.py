@@ -1,0 +1,88 @@
+"""Measuring candidate groups into a GroupDatabase: records load in TVM's JSONDatabase, a
+second run measures nothing, and build failures become failed records."""
+
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from tvm_costfuse import feedback
+from tvm_costfuse.cost.features import FEATURE_NAMES
+from tvm_costfuse.database import FAILED_RUN_SECS, GroupDatabase
+from tvm_costfuse.feedback import MeasureConfig, build_and_time, candidate_groups, measure_model
+from tvm_costfuse.graph import build_graph
+from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import for_target
+
+from conftest import prepared
+
+GROUPS = [("matmul",), ("add",), ("matmul", "add")]
+FAST = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=120)
+
+
+def _measure(work_dir, model="mlp_gelu", config=FAST, **kw):
+    mod, _ = prepared("mlp_gelu")
+    return measure_model(model, mod, host_target(), work_dir, config, groups=GROUPS,
+                         prepared=True, **kw)
+
+
+def test_candidates_are_parts_and_unions_of_decisions():
+    mod, _ = prepared("mlp_gelu")
+    graph = build_graph(mod)
+    cands = candidate_groups(graph, for_target(host_target()))
+    assert ("matmul",) in cands and ("add",) in cands and ("matmul", "add") in cands
+    assert len(cands) == len(set(cands))
+
+
+def test_measure_writes_records_jsondatabase_loads_and_rerun_is_resumable(tmp_path):
+    s = _measure(tmp_path)
+    assert (s.measured, s.failed) == (3, 0), s.errors
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    records = db.get_all_tuning_records()
+    assert len(records) == 3
+    assert all(0 < float(t) < 1 for r in records for t in r.run_secs)
+    rows = GroupDatabase(tmp_path).rows()
+    assert [tuple(r["members"]) for r in rows] == GROUPS
+    assert rows[0]["feature_names"] == list(FEATURE_NAMES)
+    # The stored trace replays on the stored workload (MetaScheduleApplyDatabase can use it).
+    sch = tvm.s_tir.Schedule(records[2].workload.mod)
+    records[2].trace.apply_to_schedule(sch, remove_postproc=False)
+
+    again = _measure(tmp_path)
+    assert (again.measured, again.skipped) == (0, 3)
+    other = _measure(tmp_path, model="mlp_gelu_copy")  # same kernels, another model's name
+    assert (other.measured, other.reused) == (0, 3)
+    assert len(ms.database.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()) == 3
+
+
+def test_builder_failure_becomes_failed_record(tmp_path, monkeypatch):
+    def broken_compile(*_args, **_kw):
+        raise RuntimeError("forced builder failure")
+
+    monkeypatch.setattr(tvm, "compile", broken_compile)
+    s = _measure(tmp_path, config=MeasureConfig(isolate=False), runner_fn=build_and_time)
+    assert (s.measured, s.failed) == (0, 3)
+    rows = GroupDatabase(tmp_path).rows()
+    assert all(r["run_secs"] == [FAILED_RUN_SECS] for r in rows)
+    assert rows[0]["error"].startswith("build: RuntimeError: forced builder failure")
+    records = ms.database.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()
+    assert [float(t) for t in records[0].run_secs] == [FAILED_RUN_SECS]
+
+
+def test_runner_error_and_unformable_group_do_not_crash(tmp_path):
+    def crash(*_args):
+        raise ValueError("device lost")
+
+    mod, _ = prepared("mlp_gelu")
+    s = measure_model("m", mod, host_target(), tmp_path, MeasureConfig(isolate=False),
+                      groups=[("matmul",), ("matmul", "gelu")], prepared=True, runner_fn=crash)
+    assert (s.failed, s.unformable) == (1, 1)
+    assert "device lost" in GroupDatabase(tmp_path).rows()[0]["error"]
+
+
+def test_group_kernel_is_one_primfunc():
+    mod, _ = prepared("mlp_gelu")
+    graph = build_graph(mod)
+    func = feedback.group_kernel(mod, graph, ("matmul", "add", "gelu"))
+    assert isinstance(func, tvm.tirx.PrimFunc)
+    assert len(ms.arg_info.ArgInfo.from_prim_func(func)) == 4

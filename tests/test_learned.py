@@ -1,0 +1,99 @@
+"""The learned cost model: trains on measured-style rows, answers like analytical.estimate, and
+falls back to the analytical estimate -- visibly -- where it has too little data."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+from conftest import prepared
+
+from tvm_costfuse.config import FusionConfig
+from tvm_costfuse.cost import learned
+from tvm_costfuse.cost.analytical import Estimate, estimate
+from tvm_costfuse.cost.features import FEATURE_NAMES, GroupFeatures
+from tvm_costfuse.graph import build_graph
+from tvm_costfuse.planner import plan_greedy
+from tvm_costfuse.targets import host
+
+TARGET = host(num_cores=2, calibration=False)
+
+
+def _features(rng) -> GroupFeatures:
+    elems = int(rng.integers(256, 1 << 20))
+    n_ops = int(rng.integers(1, 6))
+    contractions = int(rng.integers(0, 2))
+    flops = float(elems * rng.integers(1, 64))
+    return GroupFeatures(
+        n_ops=n_ops, n_contractions=contractions, n_reductions=0, flops=flops,
+        contraction_flops=flops if contractions else 0.0, recompute_flops=0.0,
+        bytes_in=4 * elems * int(rng.integers(1, 3)), bytes_out=4 * elems,
+        bytes_internal=4 * elems * (n_ops - 1), chain_length=n_ops, out_elems=elems,
+        n_args=3, live_values=2, accumulators=0, dtype_bytes=4)
+
+
+def _rows(n: int, seed: int = 0) -> list[dict]:
+    """Synthetic measurements: the analytical time, off by a smooth factor and a little noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        f = _features(rng)
+        secs = estimate(f, TARGET).seconds * 3.0 * (1 + 0.5 * f.n_ops) * rng.uniform(0.9, 1.1)
+        rows.append({"model": f"m{i % 3}", "members": [str(i)], "features": f.vector(),
+                     "feature_names": list(FEATURE_NAMES), "run_secs": [secs], "error": None})
+    return rows
+
+
+def test_trained_model_predicts_estimates_and_round_trips(tmp_path):
+    model = learned.train_rows(_rows(120), TARGET)
+    assert model.usable and model.n_records == 120
+    queries = [_features(np.random.default_rng(7)) for _ in range(5)]
+    ests = [model(f, TARGET, None) for f in queries]
+    assert all(isinstance(e, Estimate) and e.seconds > 0 for e in ests)
+    assert all(e.confidence == learned.LEARNED_CONFIDENCE for e in ests)
+    assert not model.fallbacks
+    # Close to the truth it was trained on: within 2x of the synthetic time.
+    for f, e in zip(queries, ests, strict=True):
+        want = estimate(f, TARGET).seconds * 3.0 * (1 + 0.5 * f.n_ops)
+        assert abs(math.log(e.seconds / want)) < math.log(2)
+    model.save(tmp_path)
+    again = learned.load_model(TARGET, tmp_path)
+    assert [again(f, TARGET).seconds for f in queries] == [e.seconds for e in ests]
+
+
+def test_too_little_data_falls_back_to_analytical_and_says_so(caplog):
+    model = learned.train_rows(_rows(10), TARGET)
+    f = _features(np.random.default_rng(1))
+    with caplog.at_level(logging.WARNING):
+        e = model(f, TARGET)
+    assert e.seconds == estimate(f, TARGET).seconds
+    assert e.confidence == learned.FALLBACK_CONFIDENCE and e.breakdown["fallback"] == 1.0
+    assert model.fallbacks["too little data"] == 1
+    assert "too little data (10 records < 30)" in caplog.text
+    assert "1 of 1 queries fell back" in model.fallback_report()
+
+
+def test_features_far_outside_training_range_fall_back():
+    model = learned.train_rows(_rows(60), TARGET)
+    f = _features(np.random.default_rng(2))
+    huge = GroupFeatures(**{**f.__dict__, "out_elems": 10**12, "bytes_out": 4 * 10**12})
+    e = model(huge, TARGET)
+    assert e.confidence == learned.FALLBACK_CONFIDENCE
+    assert model.fallbacks["features outside the training range"] == 1
+
+
+def test_no_data_at_all_plans_analytically(tmp_path):
+    model = learned.load_model(TARGET, tmp_path / "empty")
+    graph = build_graph(prepared("mlp_gelu")[0])
+    plan = plan_greedy(graph, TARGET, FusionConfig(), model)
+    want = plan_greedy(graph, TARGET, FusionConfig())
+    assert plan.groups == want.groups
+    assert model.fallbacks["too little data"] == model.queries > 0
+
+
+def test_failed_records_are_not_training_data():
+    rows = _rows(40)
+    rows[0]["run_secs"], rows[0]["error"] = [1e10], "build: boom"
+    x, y = learned.rows_to_dataset(rows, TARGET)
+    assert len(y) == 39 and x.shape[1] == len(learned.input_names())

@@ -1,0 +1,95 @@
+"""Meta-schedule path: tune one fused kernel, apply the database, rules for the rest.
+
+One tuning run (small mlp_gelu, only its matmul+bias+gelu kernel, 2 measured trials) is shared
+by every test in this file; it takes about a minute on 2 cores, mostly builder/runner worker
+start-up (each worker imports TVM).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm_costfuse.schedules import host_target
+
+from tvm_costfuse import zoo
+from tvm_costfuse.measure import assert_close, build, run
+from tvm_costfuse.tuning import default_work_dir, fuse, tune_model, tuned_pipeline
+
+TUNED = "fused_matmul_add_gelu"  # FuseOps' first group in mlp_gelu: the one we tune
+UNTUNED = "fused_matmul1_add1"  # the second Linear: left to our rules
+
+
+@pytest.fixture(scope="module")
+def target():
+    return host_target()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.load("mlp_gelu", small=True)
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_path_factory, target, model):
+    path = tmp_path_factory.mktemp("tuning")
+    tune_model(model[0], target, path, max_trials=2, op_names=["gelu"])
+    return path
+
+
+def _scheduled(target, work_dir) -> tvm.IRModule:
+    """The fused module after ApplyDatabase and our rules, as tuned_pipeline schedules it."""
+    mod = fuse(zoo.load("mlp_gelu", small=True)[0], target)
+    with target:
+        mod = tvm.relax.transform.MetaScheduleApplyDatabase(str(work_dir))(mod)
+        from tvm_costfuse.schedules import schedule_pass
+
+        return schedule_pass(target)(mod)
+
+
+def test_fused_kernels_are_the_expected_tasks(target, model):
+    names = {
+        gv.name_hint
+        for gv, f in fuse(model[0], target).functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    }
+    assert names == {TUNED, UNTUNED}
+
+
+def test_database_files_load_in_tvm(work_dir):
+    assert (work_dir / "database_workload.json").stat().st_size > 0
+    assert (work_dir / "database_tuning_record.json").stat().st_size > 0
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    records = db.get_all_tuning_records()
+    assert len(records) >= 1
+    secs = [float(s) for r in records for s in (r.run_secs or [])]
+    assert secs and all(math.isfinite(s) and s > 0 for s in secs)
+
+
+def test_tuned_build_matches_unfused(target, model, work_dir):
+    mod, inputs = model
+    ex = tvm.compile(mod, target=target, relax_pipeline=tuned_pipeline(target, work_dir))
+    assert_close(run(ex, inputs), run(build(mod, target), inputs))
+
+
+def test_tuned_kernel_from_database_untuned_kernel_from_rules(target, work_dir):
+    mod = _scheduled(target, work_dir)
+    tuned, untuned = mod[TUNED], mod[UNTUNED]
+    # Both are marked scheduled: ApplyDatabase marks the tuned one, dlight marks the other.
+    assert tuned.attrs["tirx.is_scheduled"] and untuned.attrs["tirx.is_scheduled"]
+    # Only meta-schedule's multi-level tiling leaves this block annotation behind.
+    assert "meta_schedule.tiling_structure" in tuned.script()
+    assert "meta_schedule.tiling_structure" not in untuned.script()
+
+
+def test_missing_database_is_an_error(target, tmp_path):
+    with pytest.raises(FileNotFoundError, match="tune_model"):
+        tuned_pipeline(target, tmp_path)
+
+
+def test_default_work_dir_names_the_cpu(target):
+    path = default_work_dir(target)
+    assert path.parent.name == "tuning_logs"
+    assert path.name == f"llvm-{target.attrs['mcpu']}"

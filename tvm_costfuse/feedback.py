@@ -1,0 +1,263 @@
+"""Measure the candidate groups the planner weighs, one kernel each, into a GroupDatabase.
+
+For a model and a target, every merge decision of ``planner.plan_greedy`` names two groups
+(``left``, ``right``); the candidates are both parts and their union. Each candidate is built
+exactly as the fused model would build it -- ``apply_partition`` with that one group, ``FuseTIR``
+(or the op's own PrimFunc for a one-op group) -- scheduled with our CPU rules, compiled alone and
+timed with ``time_evaluator`` on random inputs (one warm-up call, then ``repeat`` samples of at
+least ``min_repeat_ms`` each).
+
+Build and run happen in a worker process (TVM's ``PopenPoolExecutor``) under a timeout, as
+meta-schedule's LocalBuilder/LocalRunner do: a crash, an exception or a timeout becomes a failed
+record (``run_secs = [1e10]`` plus the error) and the session goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from .config import FusionConfig
+from .cost.features import FEATURE_NAMES, group_features
+from .database import FAILED_RUN_SECS, GroupDatabase, default_work_dir, workload_hash
+from .graph import OpGraph, build_graph
+from .partition import apply_partition
+from .passes import prepare
+from .planner import plan_greedy
+from .targets import for_target
+
+__all__ = ["MeasureConfig", "MeasureSummary", "candidate_groups", "group_kernel",
+           "measure_model"]
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How long to time each kernel. Small defaults: the 2 shared cores run others' jobs too."""
+
+    repeat: int = 3
+    number: int = 1
+    min_repeat_ms: int = 30
+    timeout_s: float = 120.0  # build + run of one kernel, worker start-up included
+    isolate: bool = True  # build and run in a worker process (timeouts, crashes survive)
+
+
+@dataclass
+class MeasureSummary:
+    """What one ``measure_model`` call did."""
+
+    model: str
+    measured: int = 0
+    failed: int = 0
+    reused: int = 0  # workload already recorded (same kernel seen before): not re-measured
+    skipped: int = 0  # (model, group) already recorded
+    unformable: int = 0  # the planner weighed it but apply_partition rejects it (not convex)
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+def candidate_groups(graph: OpGraph, target_desc, config: FusionConfig | None = None
+                     ) -> list[tuple[str, ...]]:
+    """Left part, right part and union of every merge the greedy planner weighs, deduplicated,
+    in the order first seen; members sorted by binding order."""
+    plan = plan_greedy(graph, target_desc, config or FusionConfig())
+    seen: dict[frozenset, tuple[str, ...]] = {}
+    for d in plan.decisions:
+        for g in (d.left, d.right, d.left + d.right):
+            key = frozenset(g)
+            if key not in seen:
+                seen[key] = tuple(sorted(g, key=lambda n: graph[n].index))
+    return list(seen.values())
+
+
+def group_kernel(prepared: tvm.IRModule, graph: OpGraph, members: Iterable[str]
+                 ) -> tvm.tirx.PrimFunc:
+    """The one PrimFunc that computes ``members``: FuseTIR's output for a group of two or more
+    call_tir bindings, the op's own PrimFunc for one."""
+    calls = [n for n in members if graph[n].kind == "call_tir"]
+    if len(calls) == 1:
+        return prepared[graph[calls[0]].prim_func]
+    grouped = apply_partition(prepared, [list(members)], graph.func_name)
+    names = [gv.name_hint for gv, f in grouped.functions.items()
+             if isinstance(f, relax.Function) and "Primitive" in (f.attrs or {})]
+    if len(names) != 1:
+        raise ValueError(f"group {list(members)} made {len(names)} grouped functions, not 1")
+    return relax.transform.FuseTIR()(grouped)[names[0]]
+
+
+def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
+    """(scheduled PrimFunc, trace) from our CPU rules, first that applies wins (as dlight's
+    ApplyDefaultSchedule); (func, empty trace) when none applies."""
+    from .schedules import rules  # noqa: PLC0415 (schedules import this package)
+
+    for rule in rules():
+        sch = rule.apply(func, target, False)
+        if isinstance(sch, list):
+            sch = sch[0] if sch else None
+        if sch is not None:
+            return sch.mod["main"], sch.trace
+    return func, tvm.s_tir.Schedule(func).trace
+
+
+def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
+                   min_repeat_ms: int) -> list[float]:
+    """Compile one scheduled PrimFunc alone and time it (runs in the worker process).
+
+    Raises RuntimeError whose message starts with ``build:`` or ``run:``.
+    """
+    import numpy as np  # noqa: PLC0415
+
+    import tvm as _tvm  # noqa: PLC0415 (worker process)
+    from tvm.s_tir import meta_schedule as _ms  # noqa: PLC0415
+
+    target = _tvm.target.Target(target_json)
+    func = _tvm.ir.load_json(func_json)
+    name = "kernel"
+    try:
+        ex = _tvm.compile(_tvm.IRModule({name: func.with_attr("global_symbol", name)}), target)
+    except Exception as err:  # noqa: BLE001 -- any build error is a measured outcome
+        raise RuntimeError(f"build: {type(err).__name__}: {err}") from None
+    try:
+        dev = _tvm.cpu()
+        rng = np.random.default_rng(0)
+        args = []
+        for info in _ms.arg_info.ArgInfo.from_prim_func(func):
+            shape = [int(d) for d in info.shape]
+            dtype = str(info.dtype)
+            value = (rng.standard_normal(shape).astype(dtype) if "float" in dtype
+                     else rng.integers(0, 2, shape).astype(dtype))
+            args.append(_tvm.runtime.tensor(value, dev))
+        ex.mod[name](*args)  # warm-up
+        timer = ex.mod.time_evaluator(name, dev, number=number, repeat=repeat,
+                                      min_repeat_ms=min_repeat_ms)
+        return [float(s) for s in timer(*args).results]
+    except Exception as err:  # noqa: BLE001
+        raise RuntimeError(f"run: {type(err).__name__}: {err}") from None
+
+
+class _Runner:
+    """Calls ``build_and_time`` in a worker process with a timeout, or in-process."""
+
+    def __init__(self, config: MeasureConfig, fn: Callable = build_and_time) -> None:
+        self.config, self.fn, self.pool = config, fn, None
+        if config.isolate:
+            from tvm.support.popen_pool import PopenPoolExecutor  # noqa: PLC0415
+
+            self.pool = PopenPoolExecutor(max_workers=1, timeout=config.timeout_s)
+
+    def __call__(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target
+                 ) -> tuple[list[float], str | None]:
+        c = self.config
+        args = (tvm.ir.save_json(func), target.export(), c.number, c.repeat, c.min_repeat_ms)
+        try:
+            if self.pool is None:
+                return self.fn(*args), None
+            return self.pool.submit(self.fn, *args).result(), None
+        except TimeoutError:
+            return [FAILED_RUN_SECS], f"timeout: build + run exceeded {c.timeout_s} s"
+        except Exception as err:  # noqa: BLE001 -- worker crash, build or run error
+            message = str(err).strip().splitlines()
+            return [FAILED_RUN_SECS], (message[0] if message else type(err).__name__)[:500]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def measure_model(
+    model: str,
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    work_dir=None,
+    config: MeasureConfig | None = None,
+    *,
+    groups: Iterable[Iterable[str]] | None = None,
+    max_groups: int | None = None,
+    fusion_config: FusionConfig | None = None,
+    prepared: bool = False,
+    runner_fn: Callable | None = None,
+    log: Callable[[str], None] | None = None,
+) -> MeasureSummary:
+    """Measure the candidate groups of one model into ``work_dir`` (resumable).
+
+    Parameters
+    ----------
+    model : str
+        Name recorded with each group (the leave-one-model-out key).
+    mod : IRModule
+        The model (zoo form), or the module after ``passes.prepare`` with ``prepared=True``.
+    target : Target
+        LLVM target with ``mcpu`` and ``num-cores`` (``schedules.host_target()``).
+    work_dir : str or Path, optional
+        GroupDatabase folder; default ``database.default_work_dir(target)``.
+    groups : iterable of groups, optional
+        Groups to measure instead of :func:`candidate_groups` (binding names).
+    max_groups : int, optional
+        Stop after this many candidates (budget cap).
+    runner_fn : callable, optional
+        Replaces :func:`build_and_time` (tests inject failures with it; needs isolate=False
+        unless importable by the worker).
+
+    Returns
+    -------
+    MeasureSummary
+        Counts of measured, failed, reused (workload already in the database), skipped and
+        unformable groups (a merge the planner rejected as not convex has no kernel).
+        Nothing raised by building or running a kernel escapes.
+    """
+    config = config or MeasureConfig()
+    log = log or (lambda _msg: None)
+    db = GroupDatabase(work_dir or default_work_dir(target))
+    start = time.perf_counter()
+    prep = mod if prepared else prepare(mod, target)
+    graph = build_graph(prep)
+    target_desc = for_target(target)
+    cands = ([tuple(sorted(g, key=lambda n: graph[n].index)) for g in groups]
+             if groups is not None else candidate_groups(graph, target_desc, fusion_config))
+    if max_groups is not None:
+        cands = cands[:max_groups]
+    summary = MeasureSummary(model)
+    runner = _Runner(config, runner_fn or build_and_time)
+    try:
+        for members in cands:
+            if db.has_group(model, members):
+                summary.skipped += 1
+                continue
+            row = {
+                "model": model,
+                "members": list(members),
+                "features": group_features(graph, members).vector(),
+                "feature_names": list(FEATURE_NAMES),
+            }
+            try:
+                func = group_kernel(prep, graph, members)
+            except Exception as err:  # noqa: BLE001 -- a group that cannot form one kernel
+                summary.unformable += 1
+                summary.errors.append(f"{members}: fuse: {err}")
+                log(f"  {model} {'+'.join(members)}: could not form the kernel: {err}")
+                continue
+            whash = workload_hash(func)
+            if db.has_workload(whash):
+                old = db.row_for_hash(whash) or {}
+                db.append_row({**row, "workload_hash": whash, "measured": False,
+                               "run_secs": old.get("run_secs", [FAILED_RUN_SECS]),
+                               "error": old.get("error"), "target": str(target)})
+                summary.reused += 1
+                continue
+            scheduled, trace = schedule_kernel(func, target)
+            run_secs, error = runner(scheduled, target)
+            db.commit(func, trace, run_secs, target, {**row, "error": error})
+            if error:
+                summary.failed += 1
+                summary.errors.append(f"{members}: {error}")
+            else:
+                summary.measured += 1
+            shown = error or f"{sorted(run_secs)[len(run_secs) // 2] * 1e6:.1f} us"
+            log(f"  {model} {'+'.join(members)}: {shown}")
+    finally:
+        runner.close()
+    summary.seconds = time.perf_counter() - start
+    return summary

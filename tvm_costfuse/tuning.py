@@ -1,0 +1,160 @@
+"""Meta-schedule tuning for fused kernels, with our CPU rules as the fallback (issue 3).
+
+Two steps, run in this order:
+
+1. :func:`tune_model` fuses a model exactly as the build will (``prepare``, the fusion pass,
+   ``FuseTIR``), extracts one meta-schedule task per distinct fused PrimFunc and tunes them into
+   a ``JSONDatabase`` under ``work_dir`` (default ``tuning_logs/<kind>-<mcpu>/``).
+2. :func:`tuned_pipeline` is the usual pipeline with ``MetaScheduleApplyDatabase`` right after
+   ``FuseTIR`` and before our rule-based schedule pass. ApplyDatabase replaces only the PrimFuncs
+   that have a record and marks them ``tirx.is_scheduled``; dlight's ``ApplyDefaultSchedule``
+   (which runs our rules) skips PrimFuncs with that attribute, so untuned kernels still get the
+   rules and tuned ones keep their tuned schedule.
+
+Tuning builds and runs candidates in worker processes: on a 2-core machine each builder worker
+spends ~17 s importing TVM's tensor intrinsics before its first build, so TVM's default 30 s
+builder timeout kills every candidate; we use 180 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import tvm
+from tvm import relax
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from .passes import build_pipeline, prepare
+
+__all__ = ["default_work_dir", "fuse", "tune_model", "tuned_pipeline"]
+
+# Builder workers import tvm.s_tir.tensor_intrin (~17 s on 2 busy cores) before their first build.
+BUILDER_TIMEOUT_S = 180.0
+# Runner workers import TVM too; one run of a small kernel is milliseconds.
+RUNNER_TIMEOUT_S = 120.0
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@derived_object
+class _LocalBuilder(ms.builder.LocalBuilder._cls):
+    """``LocalBuilder`` without its start-up sanity check.
+
+    The check starts a throw-away worker (~20 s on 2 cores) only to confirm that the build and
+    export functions resolve there; we always use TVM's defaults, which do.
+    """
+
+    def _sanity_check(self) -> None:
+        if self.f_build is not None or self.f_export is not None:
+            super()._sanity_check()
+
+
+def default_work_dir(target: tvm.target.Target | str) -> Path:
+    """``tuning_logs/<kind>-<mcpu>`` at the repository root, e.g. ``tuning_logs/llvm-znver4``."""
+    target = tvm.target.Target(target)
+    mcpu = target.attrs.get("mcpu", "") if target.attrs is not None else ""
+    name = f"{target.kind.name}-{mcpu}" if mcpu else target.kind.name
+    return _REPO_ROOT / "tuning_logs" / name
+
+
+def _fusion(fusion: str, target: tvm.target.Target) -> tvm.transform.Pass:
+    from .strategies import fusion_pass
+
+    return fusion_pass(fusion, target)
+
+
+def fuse(mod: tvm.IRModule, target: tvm.target.Target | str, fusion: str = "tvm") -> tvm.IRModule:
+    """The module the schedule pass sees: pre-fusion passes, ``fusion``, ``FuseTIR``.
+
+    ``fusion`` is a strategy name of :mod:`tvm_costfuse.strategies` other than ``stock``.
+    """
+    target = tvm.target.Target(target)
+    mod = prepare(mod, target)
+    with target:
+        return tvm.transform.Sequential([_fusion(fusion, target), relax.transform.FuseTIR()])(mod)
+
+
+def tune_model(
+    mod: tvm.IRModule,
+    target: tvm.target.Target | str,
+    work_dir: str | Path | None = None,
+    max_trials: int = 64,
+    fusion: str = "tvm",
+    *,
+    max_trials_per_task: int | None = None,
+    op_names: Sequence[str] | None = None,
+    max_workers: int = 1,
+    seed: int = 0,
+) -> ms.Database:
+    """Tune the fused kernels of ``mod`` for ``target`` into a JSON database in ``work_dir``.
+
+    Parameters
+    ----------
+    mod : IRModule
+        A model as the zoo gives it (high-level Relax, weights bound).
+    target : Target or str
+        Must carry ``num-cores`` (meta-schedule requires it for llvm); use
+        ``schedules.host_target()``.
+    work_dir : str or Path, optional
+        Where ``database_workload.json`` / ``database_tuning_record.json`` (and logs) go;
+        defaults to :func:`default_work_dir`. Records accumulate across calls.
+    max_trials : int
+        Measured candidates over all tasks.
+    fusion : str
+        Fusion strategy whose kernels are tuned (must match the one given to
+        :func:`tuned_pipeline`, or the workloads will not be found).
+    max_trials_per_task : int, optional
+        Cap per task; default ``max_trials``.
+    op_names : sequence of str, optional
+        Tune only tasks whose name contains one of these (e.g. ``["matmul"]``).
+    max_workers : int
+        Builder processes. One is fastest on 2 cores: each worker pays the TVM import.
+    seed : int
+        Search seed.
+
+    Returns
+    -------
+    ms.Database
+        The database holding the records (also on disk).
+    """
+    target = tvm.target.Target(target)
+    work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    fused = fuse(mod, target, fusion)
+    return ms.relax_integration.tune_relax(
+        mod=fused,
+        params={},
+        target=target,
+        work_dir=str(work_dir),
+        max_trials_global=max_trials,
+        max_trials_per_task=max_trials_per_task,
+        op_names=list(op_names) if op_names else None,
+        num_trials_per_iter=max(1, min(max_trials, 64)),
+        builder=_LocalBuilder(max_workers=max_workers, timeout_sec=BUILDER_TIMEOUT_S),
+        runner=ms.runner.LocalRunner(timeout_sec=RUNNER_TIMEOUT_S),
+        database=ms.database.JSONDatabase(work_dir=str(work_dir)),
+        seed=seed,
+    )
+
+
+def tuned_pipeline(
+    target: tvm.target.Target | str,
+    work_dir: str | Path | None = None,
+    fusion: str = "tvm",
+) -> tvm.transform.Pass:
+    """Our CPU pipeline with tuned schedules from ``work_dir`` where the database has them.
+
+    Order after fusion: ``FuseTIR`` -> ``MetaScheduleApplyDatabase(work_dir)`` (tuned workloads,
+    marked ``tirx.is_scheduled``) -> our rules (skip scheduled PrimFuncs, schedule the rest).
+    """
+    from .schedules import schedule_pass
+
+    target = tvm.target.Target(target)
+    work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)
+    if not (work_dir / "database_tuning_record.json").exists():
+        raise FileNotFoundError(f"no tuning database in {work_dir}: run tune_model first")
+    with target:  # the pass reads Target.current() when it is created
+        apply_db = relax.transform.MetaScheduleApplyDatabase(str(work_dir))
+    schedules = tvm.transform.Sequential([apply_db, schedule_pass(target)], name="TunedSchedules")
+    return build_pipeline(target, _fusion(fusion, target), schedules)
