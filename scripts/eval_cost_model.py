@@ -1,5 +1,7 @@
 """Collect measured fusion groups, and evaluate cost models on them (leave-one-model-out).
 
+train: fit the learned model on every record and save it beside the database
+    python scripts/eval_cost_model.py train
 measure: time the candidate groups of zoo models into tuning_logs/<target>/groups
     python scripts/eval_cost_model.py measure --size small --models mlp_gelu attention
 evaluate: for each zoo model held out, train the learned model on the others' records and
@@ -14,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
 from scipy.stats import kendalltau
+from tvm_costfuse.schedules import host_target
 
 from tvm_costfuse import zoo
 from tvm_costfuse.cost.analytical import estimate
-from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _features_of, train_rows
+from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _features_of, train, train_rows
 from tvm_costfuse.database import GroupDatabase, default_work_dir
 from tvm_costfuse.feedback import MeasureConfig, measure_model
-from tvm_costfuse.schedules import host_target
 from tvm_costfuse.targets import for_target
 
 
@@ -54,19 +55,19 @@ def _pairs(rows: list[dict]) -> list[tuple[dict, dict, dict]]:
     measured group into two measured groups (the planner's decisions, reconstructed)."""
     by_key = {frozenset(r["members"]): r for r in rows}
     out = []
-    for union in by_key:
+    for union, u_row in by_key.items():
         if len(union) < 2:
             continue
-        for left in by_key:
+        for left, l_row in by_key.items():
             right = union - left
             if left < union and right in by_key and min(left) < min(right):
-                out.append((by_key[left], by_key[right], by_key[union]))
+                out.append((l_row, by_key[right], u_row))
     return out
 
 
-def _scores(rows, predict) -> tuple[float, float, int, float]:
-    """(Kendall tau over groups, decision accuracy over pairs, pairs, share measured fused)."""
-    pred = {id(r): predict(r) for r in rows}
+def _scores(rows, pred: dict[int, float]) -> tuple[float, float, int, float]:
+    """(Kendall tau over groups, decision accuracy over pairs, pairs, share measured fused);
+    ``pred`` maps id(row) to the predicted seconds."""
     tau = kendalltau([_median(r) for r in rows], [pred[id(r)] for r in rows]).statistic
     pairs = _pairs(rows)
     hits = sum(
@@ -99,10 +100,11 @@ def _evaluate(args) -> None:
         for model_name in sorted({r["model"] for r in held}):
             group = [r for r in held if r["model"] == model_name]
             a_est = {id(r): estimate(_features_of(r), desc).seconds for r in group}
-            l_est = {id(r): model(_features_of(r), desc) for r in group}
-            fell = sum(e.confidence == FALLBACK_CONFIDENCE for e in l_est.values())
-            tau_a, acc_a, n, fused = _scores(group, lambda r: a_est[id(r)])
-            tau_l, acc_l, _, _ = _scores(group, lambda r: l_est[id(r)].seconds)
+            l_full = {id(r): model(_features_of(r), desc) for r in group}
+            fell = sum(e.confidence == FALLBACK_CONFIDENCE for e in l_full.values())
+            l_est = {k: e.seconds for k, e in l_full.items()}
+            tau_a, acc_a, n, fused = _scores(group, a_est)
+            tau_l, acc_l, _, _ = _scores(group, l_est)
             print(f"{model_name:<24}{len(group):>7}{n:>7}{100 * fused:>6.0f}%"
                   f"{acc_a:>12.2f}{acc_l:>9.2f}{tau_a:>12.2f}{tau_l:>9.2f}"
                   f"{f'{fell}/{len(group)}':>10}")
@@ -112,7 +114,7 @@ def _evaluate(args) -> None:
                 total["acc_l"] += acc_l * n
             all_rows += group
             all_a += [a_est[id(r)] for r in group]
-            all_l += [l_est[id(r)].seconds for r in group]
+            all_l += [l_est[id(r)] for r in group]
     meas = [_median(r) for r in all_rows]
     p = total["pairs"]
     print("-" * len(head))
@@ -133,12 +135,19 @@ def main(argv=None) -> int:
     m.add_argument("--min-repeat-ms", type=int, default=30)
     m.add_argument("--timeout", type=float, default=120.0)
     m.add_argument("--work-dir", default=None)
+    t = sub.add_parser("train", help="train on every record and save xgb_model.json beside it")
+    t.add_argument("--work-dir", default=None)
     e = sub.add_parser("evaluate", help="leave-one-model-out: analytical vs learned")
     e.add_argument("--work-dir", default=None)
     e.add_argument("--min-records", type=int, default=30)
     args = parser.parse_args(argv)
     if args.cmd == "measure":
         _measure(args)
+    elif args.cmd == "train":
+        work_dir = args.work_dir or default_work_dir(host_target())
+        model = train(work_dir, for_target(host_target()))
+        print(f"trained on {model.n_records} records of {len(model.models)} models -> "
+              f"{work_dir}/xgb_model.json")
     else:
         _evaluate(args)
     return 0

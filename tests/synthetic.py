@@ -40,7 +40,7 @@ def random_dag(n: int, seed: int = 0, fan_in: float = 0.3) -> OpGraph:
     rng = random.Random(seed)
     nodes = [op(0, "op0", OpPattern.ELEMWISE, ["%x"])]
     for i in range(1, n):
-        pattern, fpe, red, base = _KINDS[rng.randrange(len(_KINDS))]
+        pattern, fpe, red, _base = _KINDS[rng.randrange(len(_KINDS))]
         inputs = [f"op{i - 1}"]
         if i > 2 and rng.random() < fan_in:
             inputs.append(f"op{rng.randrange(max(0, i - 20), i - 1)}")

@@ -4,17 +4,16 @@ second run measures nothing, and build failures become failed records."""
 from __future__ import annotations
 
 import tvm
+from conftest import prepared
 from tvm.s_tir import meta_schedule as ms
+from tvm_costfuse.schedules import host_target
 
 from tvm_costfuse import feedback
 from tvm_costfuse.cost.features import FEATURE_NAMES
 from tvm_costfuse.database import FAILED_RUN_SECS, GroupDatabase
 from tvm_costfuse.feedback import MeasureConfig, build_and_time, candidate_groups, measure_model
 from tvm_costfuse.graph import build_graph
-from tvm_costfuse.schedules import host_target
 from tvm_costfuse.targets import for_target
-
-from conftest import prepared
 
 GROUPS = [("matmul",), ("add",), ("matmul", "add")]
 FAST = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=120)

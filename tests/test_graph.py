@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import prepared
 
 from tvm_costfuse.graph import OpPattern, build_graph
-from conftest import prepared
 
 
 def test_mlp_nodes_patterns_and_edges() -> None:

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from conftest import prepared, reference
 from tvm import relax, te, topi
 
 from tvm_costfuse import PartitionError, apply_partition, fuseops_groups, zoo
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measure import assert_close, build, run
 from tvm_costfuse.passes import prepare
-from conftest import prepared, reference
 
 
 def _grouped_functions(mod: tvm.IRModule) -> dict[str, relax.Function]:
@@ -57,7 +57,7 @@ def test_group_with_two_outputs_returns_a_flat_tuple() -> None:
     # bert_layer: the residual input of the second LayerNorm is read by two groups.
     mod, inputs = prepared("bert_layer")
     graph = build_graph(mod)
-    multi = [n for n in graph.nodes if len(graph.consumers.get(n.name, ())) > 1][0]
+    multi = next(n for n in graph.nodes if len(graph.consumers.get(n.name, ())) > 1)
     consumer = graph.consumers[multi.name][0]
     fused = apply_partition(mod, [[multi.name, consumer]])
     (func,) = _grouped_functions(fused).values()

@@ -5,13 +5,13 @@ CNNs, whose ~100 distinct kernels take seconds to build per plan."""
 from __future__ import annotations
 
 import pytest
+from conftest import prepared, reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tvm_costfuse import apply_partition, zoo
 from tvm_costfuse.graph import OpGraph, build_graph
 from tvm_costfuse.measure import assert_close, build, run
-from conftest import prepared, reference
 
 PLANS = {"mobilenetv2": 6, "resnet18": 10, "bert_layer": 24, "gpt2_block": 24}
 DEFAULT_PLANS = 23

@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from conftest import prepared, reference
+from test_partition import _symbolic_module
 from tvm import relax
+from tvm_costfuse.schedules.cuda import cuda_target, kernel_sources
 
 import tvm_costfuse
 from tvm_costfuse import CostFuse, zoo
 from tvm_costfuse.cost import group_features
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measure import assert_close, run
-from tvm_costfuse.schedules.cuda import cuda_target, kernel_sources
-from conftest import prepared, reference
-from test_partition import _symbolic_module
 
 
 @pytest.mark.parametrize("name", zoo.names())

@@ -109,7 +109,6 @@ def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
     Raises RuntimeError whose message starts with ``build:`` or ``run:``.
     """
     import numpy as np  # noqa: PLC0415
-
     import tvm as _tvm  # noqa: PLC0415 (worker process)
     from tvm.s_tir import meta_schedule as _ms  # noqa: PLC0415
 

@@ -7,9 +7,8 @@ the demo and benchmark scripts measure the same way (warm-up, repeats, median).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-
 import time
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tvm

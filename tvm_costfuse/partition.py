@@ -16,6 +16,7 @@ half-rewritten module.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -154,7 +155,7 @@ def _check_acyclic(graph: OpGraph, resolved, owner, original) -> None:
 def _raise_cycle(cycle, witness, original) -> None:
     groups = sorted({k[1] for k in cycle if k[0] == "g"})
     hops = " -> ".join(f"{witness[(a, b)][0]!r}->{witness[(a, b)][1]!r}"
-                       for a, b in zip(cycle, cycle[1:], strict=False))
+                       for a, b in itertools.pairwise(cycle))
     outside = [k[1] for k in cycle if k[0] == "n"]
     if len(groups) == 1:
         gi = groups[0]
@@ -443,7 +444,7 @@ def apply_partition(
     return fusor.builder_.get()
 
 
-def ApplyPartition(groups: Sequence[Sequence[str]], func_name: str = "main") -> tvm.transform.Pass:  # noqa: N802
+def ApplyPartition(groups: Sequence[Sequence[str]], func_name: str = "main") -> tvm.transform.Pass:
     """``apply_partition`` as a module pass, to stand where FuseOps stands in a pipeline."""
 
     @tvm.transform.module_pass(opt_level=0, name="ApplyPartition")

@@ -61,9 +61,9 @@ def pipeline(target: tvm.target.Target | str | None = None, **config) -> tvm.tra
     ``Target.current()`` when it runs (as the named pipeline ``"costfuse"`` does).
     """
     # Imported here: schedules and the pass import this module.
-    from .schedules import schedule_pass as cpu_schedule_pass  # noqa: PLC0415
-    from .schedules.cuda import cuda_pipeline  # noqa: PLC0415
-    from .transform import CostFuse  # noqa: PLC0415
+    from .schedules import schedule_pass as cpu_schedule_pass
+    from .schedules.cuda import cuda_pipeline
+    from .transform import CostFuse
 
     def make(t: tvm.target.Target) -> tvm.transform.Pass:
         fusion = CostFuse(target=t, **config)
@@ -88,7 +88,7 @@ def pipeline(target: tvm.target.Target | str | None = None, **config) -> tvm.tra
 
 def register_named_pipeline() -> None:
     """Register ``"costfuse"`` with ``relax.get_pipeline`` (idempotent)."""
-    from tvm.relax.pipeline import PIPELINE_MAP  # noqa: PLC0415
+    from tvm.relax.pipeline import PIPELINE_MAP
 
     if "costfuse" not in PIPELINE_MAP:
         relax.pipeline.register_pipeline("costfuse")(pipeline)

@@ -202,7 +202,7 @@ def plan_greedy(
             return
         ua, ub = q.members[a], q.members[b]
         (ea, _), (eb, _) = price(ua), price(ub)
-        merged, verdict = price(ua | ub)
+        merged, _verdict = price(ua | ub)
         gain = ea.seconds + eb.seconds - merged.seconds
         order = min(q.lo[a], q.lo[b])
         heapq.heappush(heap, (-gain, order, next(counter), kind, a, b, ua, ub))

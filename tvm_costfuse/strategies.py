@@ -40,8 +40,8 @@ def fusion_pass(strategy: str, target: tvm.target.Target, **config) -> tvm.trans
 
 def strategy_pipeline(strategy: str, target, **config) -> tvm.transform.Pass:
     """The relax pipeline that compiles a model with ``strategy`` for ``target``."""
-    from .schedules import schedule_pass  # noqa: PLC0415 (schedules import this package)
-    from .schedules.cuda import cuda_pipeline  # noqa: PLC0415
+    from .schedules import schedule_pass
+    from .schedules.cuda import cuda_pipeline
 
     target = tvm.target.Target(target)
     if strategy == "stock":

@@ -41,7 +41,7 @@ def plan_module(
         frozen = [g for g in fuseops_groups(mod, func_name) if skip & set(g)]
     model = None
     if config.cost_model == "xgb":
-        from .cost.learned import load_model  # noqa: PLC0415 (xgboost loads only on demand)
+        from .cost.learned import load_model
 
         model = load_model(target)
     if config.search == "exact" and not frozen:

@@ -128,7 +128,7 @@ class LearnedModel:
             self.fallbacks[kind] += 1
             return Estimate(est.seconds, {**est.breakdown, "fallback": 1.0}, est.registers,
                             est.spill_bytes, FALLBACK_CONFIDENCE)
-        import xgboost as xgb  # noqa: PLC0415
+        import xgboost as xgb
 
         seconds = math.exp(float(self.booster.predict(xgb.DMatrix(x[None, :]))[0]))
         return Estimate(seconds, {"learned": seconds, "analytical": est.seconds},
@@ -155,7 +155,7 @@ class LearnedModel:
 
     @classmethod
     def load(cls, work_dir: str | Path) -> LearnedModel:
-        import xgboost as xgb  # noqa: PLC0415
+        import xgboost as xgb
 
         work_dir = Path(work_dir)
         meta = json.loads((work_dir / META_FILE).read_text())
@@ -172,7 +172,7 @@ class LearnedModel:
 def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS) -> LearnedModel:
     """Train on features rows (``GroupDatabase.rows()``); ``target`` is the TargetDesc that
     prices the analytical inputs."""
-    import xgboost as xgb  # noqa: PLC0415
+    import xgboost as xgb
 
     x, y = rows_to_dataset(rows, target)
     models = sorted({r["model"] for r in rows})
@@ -184,7 +184,7 @@ def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS) -> 
 
 def _target_work_dir(target) -> Path:
     """tuning_logs/<kind>-<arch>/groups for a TargetDesc (the database's default folder)."""
-    from ..database import _REPO_ROOT  # noqa: PLC0415
+    from ..database import _REPO_ROOT
 
     kind = "llvm" if target.kind == "cpu" else target.kind
     return _REPO_ROOT / "tuning_logs" / f"{kind}-{target.arch}" / "groups"
@@ -199,8 +199,8 @@ def train(work_dir: str | Path, target=None, save: bool = True) -> LearnedModel:
 
     ``target``: TargetDesc for the analytical inputs; default this host.
     """
-    from ..database import GroupDatabase  # noqa: PLC0415
-    from ..targets import host  # noqa: PLC0415
+    from ..database import GroupDatabase
+    from ..targets import host
 
     target = target or host()
     model = train_rows(GroupDatabase(work_dir).rows(), target)
@@ -214,14 +214,14 @@ def load_model(target, work_dir: str | Path | None = None) -> LearnedModel:
     ``analytical.estimate``.
 
     Loads ``xgb_model.json`` from ``work_dir`` (default ``tuning_logs/<kind>-<arch>/groups``);
-    trains it first when only measurements are there. With no data at all, every query falls
-    back to the analytical model (and says so).
+    when only measurements are there, trains in memory (nothing is written: ``train`` saves).
+    With no data at all, every query falls back to the analytical model (and says so).
     """
     work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
     if (work_dir / META_FILE).exists():
         return LearnedModel.load(work_dir)
     if (work_dir / "features.jsonl").exists():
-        return train(work_dir, target)
+        return train(work_dir, target, save=False)
     _log.warning("no measured groups in %s: the learned model will answer analytically",
                  work_dir)
     return LearnedModel(None, 0)
