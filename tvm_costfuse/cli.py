@@ -17,45 +17,42 @@ from tvm import relax
 
 from . import zoo
 from .graph import build_graph
-from .measure import assert_close, build, median_seconds, run
+from .measure import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
 from .passes import prepare
+from .schedules import host_target
+from .strategies import STRATEGIES, fusion_pass, strategy_pipeline
 
 
-def kernel_launches(mod: tvm.IRModule, fusion: tvm.transform.Pass | None) -> int:
+def kernel_launches(mod: tvm.IRModule, fusion: tvm.transform.Pass, target) -> int:
     """call_tir launches per inference after fusion and FuseTIR."""
-    mod = prepare(mod)
-    mod = fusion(mod) if fusion is not None else mod
-    mod = relax.transform.FuseTIR()(mod)
-    return len(build_graph(mod).call_tir_names())
-
-
-def _strategies() -> dict[str, tvm.transform.Pass | None]:
-    """Fusion strategies the demo compares; CostFuse's own joins when its pass lands."""
-    return {"none": None, "tvm": relax.transform.FuseOps()}
+    with tvm.target.Target(target):
+        fused = relax.transform.FuseTIR()(fusion(prepare(mod, target)))
+    return len(build_graph(fused).call_tir_names())
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     mod, inputs = zoo.load(args.model, small=args.small)
-    target = tvm.target.Target(args.target)
-    print(f"model {args.model}{' (small)' if args.small else ''}, target {target.kind.name}")
-    rows, outputs = [], {}
-    for name, fusion in _strategies().items():
-        t0 = time.perf_counter()
-        ex = build(mod, target, fusion)
-        compile_s = time.perf_counter() - t0
-        outputs[name] = run(ex, inputs)
-        seconds = median_seconds(ex, inputs, repeat=args.repeat)
-        rows.append((name, kernel_launches(mod, fusion), compile_s, seconds))
-    reference = outputs["none"]
-    for name, out in outputs.items():
-        assert_close(out, reference)  # raises, naming the output, if a strategy is wrong
-    base = rows[0][3]
-    print(f"{'fusion':<8} {'kernels':>7} {'compile s':>10} {'latency ms':>11} {'speedup':>8}")
-    for name, kernels, compile_s, seconds in rows:
-        print(f"{name:<8} {kernels:>7} {compile_s:>10.2f} {seconds * 1e3:>11.3f} "
-              f"{base / seconds:>7.2f}x")
-    print("numerics: every strategy matches no-fusion (rtol 1e-4, atol 1e-5)")
+    target = host_target()
+    print(f"model {args.model}{' (small)' if args.small else ''}, target {target}")
+    executables, compile_s, kernels = {}, {}, {}
+    for name in STRATEGIES:
+        start = time.perf_counter()
+        executables[name] = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(name, target))
+        compile_s[name] = time.perf_counter() - start
+        fusion = relax.transform.FuseOps() if name == "stock" else fusion_pass(name, target)
+        kernels[name] = kernel_launches(mod, fusion, target)
+    reference = run(executables["none"], inputs)
+    for name, ex in executables.items():
+        assert_close(run(ex, inputs), reference)  # raises, naming the output, if one is wrong
+    seconds = interleaved_medians(executables, inputs, repeat=args.repeat)
+    print("stock = TVM's default CPU pipeline (FuseOps, no schedules); the others share our "
+          "CPU schedules and differ in fusion only")
+    print(f"{'strategy':<9} {'kernels':>7} {'compile s':>10} {'latency ms':>11} {'vs tvm':>7}")
+    for name in STRATEGIES:
+        print(f"{name:<9} {kernels[name]:>7} {compile_s[name]:>10.2f} "
+              f"{seconds[name] * 1e3:>11.3f} {seconds['tvm'] / seconds[name]:>6.2f}x")
+    print("numerics: every strategy matches no fusion (rtol 1e-4, atol 1e-5)")
     return 0
 
 
@@ -95,13 +92,31 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv_list(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare, markdown_table  # noqa: PLC0415
+
+    models = [m for spec in args.models for m in _csv_list(spec)]
+    start = time.perf_counter()
+    cells = compare(models, _csv_list(args.strategies), _csv_list(args.targets), args.out,
+                    small=args.small, repeat=args.repeat, gpu=args.gpu,
+                    measure_cuda=args.measure_cuda, progress=not args.no_progress)
+    print(markdown_table(cells))
+    failed = sum(not c.ok for c in cells)
+    print(f"{len(cells)} cells ({failed} failed) in {time.perf_counter() - start:.0f} s; "
+          f"wrote {args.out}/compare.csv, compare.md, kernels.csv and plots", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="costfuse", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compare fusion strategies on a zoo model")
     demo.add_argument("--model", default="layernorm_mlp", choices=zoo.names())
     demo.add_argument("--small", action="store_true", help="use the tiny test variant")
-    demo.add_argument("--target", default="llvm")
     demo.add_argument("--repeat", type=int, default=5, help="timed repeats (median reported)")
     demo.set_defaults(func=cmd_demo)
     sub.add_parser("zoo", help="list the zoo models").set_defaults(func=cmd_zoo)
@@ -119,6 +134,22 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("--max-body-ops", type=int)
     explain.add_argument("--register-budget", type=int)
     explain.set_defaults(func=cmd_explain)
+    cmp = sub.add_parser("compare", help="models x strategies x targets: kernels, bytes, "
+                         "predicted/measured time, registers; CSV, markdown and plots")
+    cmp.add_argument("--models", nargs="+", default=["all"],
+                     help="zoo names or 'all', .onnx paths, module:function (torch); "
+                          "comma-separated or repeated")
+    cmp.add_argument("--strategies", default="none,tvm,rules,costfuse,costfuse-xgb")
+    cmp.add_argument("--targets", default="llvm", help="llvm and/or cuda (cuda: offline)")
+    cmp.add_argument("--gpu", default="h200", choices=["h100", "h200", "a100"],
+                     help="description the cuda target is compiled and priced for")
+    cmp.add_argument("--out", default="compare_results", help="output folder")
+    cmp.add_argument("--small", action="store_true", help="the zoo's small shapes")
+    cmp.add_argument("--repeat", type=int, default=5, help="interleaved timing rounds")
+    cmp.add_argument("--measure-cuda", action=argparse.BooleanOptionalAction, default=None,
+                     help="time CUDA builds (default: when a GPU is present)")
+    cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cmp.set_defaults(func=cmd_compare)
     args = parser.parse_args(argv)
     np.set_printoptions(precision=4)
     return args.func(args)
