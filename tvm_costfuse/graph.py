@@ -14,6 +14,7 @@ can never sit in a fused group; ``Node.why_not_fusable`` says why.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -43,7 +44,7 @@ class TensorInfo:
     shape: tuple[int | str, ...]
     dtype: str
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int | None:
         """Size in bytes, or None when a dimension is symbolic."""
         if any(isinstance(d, str) for d in self.shape):

@@ -7,6 +7,7 @@ priced without building anything.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
@@ -17,6 +18,7 @@ from ..graph import Node, OpGraph, OpPattern
 _MAC_RATIO = 1.5
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every node of every candidate group
 def op_class(node: Node) -> str:
     """contraction (matmul, conv), reduction (sum, mean, softmax...), elementwise, injective."""
     if node.kind != "call_tir":
@@ -31,6 +33,7 @@ def op_class(node: Node) -> str:
     return "injective"
 
 
+@functools.lru_cache(maxsize=64)
 def _itemsize(dtype: str) -> int:
     bits = "".join(c for c in dtype if c.isdigit())
     return max(1, int(bits or 32) // 8)
@@ -45,6 +48,7 @@ def _is_window(node: Node) -> bool:
     return out < biggest_input and out * node.reduction_extent > 1.5 * biggest_input
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _elems(node: Node) -> int:
     return sum((t.nbytes or 0) // _itemsize(t.dtype) for t in node.outputs)
 

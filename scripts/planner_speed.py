@@ -1,0 +1,30 @@
+"""Planning cost: seconds to plan synthetic graphs of 1k and 10k ops (greedy, analytical model).
+
+    python scripts/planner_speed.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from synthetic import random_dag  # noqa: E402  (the tests' generator: one definition)
+
+from tvm_costfuse import FusionConfig, plan_greedy  # noqa: E402
+from tvm_costfuse.targets import preset  # noqa: E402
+
+
+def main() -> None:
+    for target in ("host", "h100"):
+        for n in (1000, 10000):
+            graph = random_dag(n, seed=1)
+            start = time.perf_counter()
+            plan = plan_greedy(graph, preset(target), FusionConfig())
+            elapsed = time.perf_counter() - start
+            print(f"{target:<5} {n:>6} ops -> {plan.kernels():>5} kernels in {elapsed:6.2f} s")
+
+
+if __name__ == "__main__":
+    main()
