@@ -122,6 +122,10 @@ def tune_model(
     work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)
     work_dir.mkdir(parents=True, exist_ok=True)
     fused = fuse(mod, target, fusion)
+    names = [t.task_name for t in ms.relax_integration.extract_tasks(fused, target)]
+    num_tasks = sum(1 for n in names if not op_names or any(op in n for op in op_names))
+    if num_tasks == 0:
+        raise ValueError(f"no task matches op_names={op_names}; tasks: {', '.join(names)}")
     return ms.relax_integration.tune_relax(
         mod=fused,
         params={},
@@ -130,7 +134,9 @@ def tune_model(
         max_trials_global=max_trials,
         max_trials_per_task=max_trials_per_task,
         op_names=list(op_names) if op_names else None,
-        num_trials_per_iter=max(1, min(max_trials, 64)),
+        # The scheduler's first round visits every task once: a batch of a fair share each,
+        # instead of the whole budget going to the first task.
+        num_trials_per_iter=max(1, min(64, max_trials // num_tasks)),
         builder=_LocalBuilder(max_workers=max_workers, timeout_sec=BUILDER_TIMEOUT_S),
         runner=ms.runner.LocalRunner(timeout_sec=RUNNER_TIMEOUT_S),
         database=ms.database.JSONDatabase(work_dir=str(work_dir)),
