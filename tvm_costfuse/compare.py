@@ -1,0 +1,603 @@
+"""``costfuse compare``: models x fusion strategies x targets, side by side.
+
+Per (model, strategy, target) one :class:`Cell`: kernels launched and bytes of intermediates
+written to global memory (``explain.kernels_of`` / ``explain.intermediate_bytes`` over the
+strategy's partition), the analytical model's predicted time for that partition
+(``planner.plan_cost``), the roofline bound of the model on the target, and -- where the target
+is present -- the measured time (all strategies of a model timed interleaved, ``measure``) with
+numerics checked against the ``none`` strategy. Register and spill figures come from the backend
+compilers: ptxas per CUDA kernel, LLVM's x86 spill comments per CPU kernel (``registers``).
+CUDA is compiled offline (no GPU needed, ``nvcc`` for registers); it is measured only when a GPU
+is present.
+
+A cell that cannot be computed (unknown strategy, a module that fails to compile, no trained
+learned model) is a failed cell carrying its error: the run never stops for one of them.
+:func:`compare` writes ``compare.csv``, ``kernels.csv``, ``compare.md`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from . import zoo
+from .config import FusionConfig, register_config_keys
+from .cost.features import group_features
+from .explain import intermediate_bytes, kernels_of
+from .graph import OpGraph, build_graph
+from .measure import interleaved_medians, max_mismatch, run
+from .partition import fuseops_groups
+from .passes import build_pipeline, prepare
+from .planner import plan_cost
+from .rules import rules_groups
+from .strategies import fusion_pass
+from .targets import TargetDesc, host, preset
+from .transform import plan_module
+
+__all__ = ["STRATEGIES", "TARGETS", "Cell", "compare", "load_model", "markdown_table"]
+
+STRATEGIES = ("none", "tvm", "rules", "costfuse", "costfuse-xgb")
+TARGETS = ("llvm", "cuda")
+# Outputs within measure.max_mismatch's tolerance (rtol 1e-4, atol 1e-5) count as equal.
+_MISMATCH_OK = 1.0
+# Failed cells keep this much of the error (the first line names the exception).
+_ERROR_CHARS = 400
+
+
+@dataclass(frozen=True)
+class KernelRegs:
+    """Backend-reported resources of one compiled kernel."""
+
+    kernel: str
+    registers: int | None  # CUDA: ptxas; CPU: None (LLVM reports spills only)
+    spill_bytes: int  # CUDA: spill stores; CPU: bytes of Spill instructions
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (model, strategy, target) result; ``error`` is set when it failed."""
+
+    model: str
+    strategy: str
+    target: str
+    error: str = ""
+    kernels: int | None = None
+    intermediate_bytes: int | None = None
+    predicted_s: float | None = None
+    flops: float | None = None
+    min_bytes: int | None = None  # compulsory traffic: model inputs, weights, outputs
+    roofline_s: float | None = None
+    measured_s: float | None = None
+    roofline_fraction: float | None = None
+    built_kernels: int | None = None
+    max_registers: int | None = None
+    spilling_kernels: int | None = None
+    spill_bytes: int | None = None
+    max_mismatch: float | None = None
+    numerics: str = ""  # "ok", "MISMATCH", or "" when not measured
+    compile_s: float | None = None
+    note: str = ""
+    kernel_regs: tuple[KernelRegs, ...] = field(default=(), repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+_CSV_FIELDS = [f.name for f in fields(Cell) if f.name != "kernel_regs"]
+
+
+# ---------------------------------------------------------------------------------- inputs
+def load_model(spec: str, small: bool = False) -> tuple[str, tvm.IRModule, dict]:
+    """(display name, Relax module, example inputs) for a zoo name, an ONNX file path or a
+    ``package.module:function`` returning ``(torch.nn.Module, example_args)``."""
+    if spec in zoo.names():
+        mod, inputs = zoo.load(spec, small=small)
+        return spec, mod, inputs
+    if spec.endswith(".onnx") or os.path.isfile(spec):
+        mod, inputs = zoo.load_onnx(spec)
+        return Path(spec).stem, mod, inputs
+    if ":" in spec:
+        module_name, func_name = spec.split(":", 1)
+        module, args = getattr(importlib.import_module(module_name), func_name)()
+        mod, inputs = zoo.load_torch(module, tuple(args))
+        return func_name, mod, inputs
+    raise ValueError(
+        f"unknown model {spec!r}: a zoo name ({', '.join(zoo.names())}), an .onnx path or "
+        "module:function"
+    )
+
+
+def expand_models(models: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for m in models:
+        out += zoo.names() if m == "all" else [m]
+    return list(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------------------- strategies
+def _split(strategy: str) -> tuple[str, dict]:
+    """``costfuse-xgb`` -> ("costfuse", {"cost_model": "xgb"}); unknown names raise."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    if strategy == "costfuse-xgb":
+        return "costfuse", {"cost_model": "xgb"}
+    return strategy, {}
+
+
+def _check_learned(desc: TargetDesc) -> None:
+    """Raise unless a trained learned model exists for ``desc`` (no silent training here)."""
+    try:
+        from .cost import learned  # noqa: PLC0415
+    except ImportError as err:
+        raise RuntimeError(f"tvm_costfuse.cost.learned is not available: {err}") from err
+    meta = learned.model_path(desc).parent / learned.META_FILE
+    if not meta.exists():
+        raise RuntimeError(
+            f"no trained xgb model for {desc.name} ({desc.arch}): {meta} is missing "
+            "(record measurements and train it with `costfuse tune`)"
+        )
+
+
+def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
+                    desc: TargetDesc) -> list[list[str]]:
+    """The partition ``strategy`` fuses (groups of binding names), without building."""
+    base, config = _split(strategy)
+    cfg = FusionConfig.resolve(**config)
+    if base == "none":
+        return []
+    if base == "tvm":
+        return fuseops_groups(prepared)
+    if base == "rules":
+        return rules_groups(graph, cfg)
+    if config.get("cost_model") == "xgb":
+        _check_learned(desc)
+    return [list(g) for g in plan_module(prepared, desc, cfg).groups]
+
+
+def _pipeline(strategy: str, desc: TargetDesc, target: tvm.target.Target):
+    from .schedules import schedule_pass  # noqa: PLC0415 (schedules import this package)
+    from .schedules.cuda import cuda_pipeline  # noqa: PLC0415
+
+    base, config = _split(strategy)
+    # CostFuse gets the description itself: a bare sm_90 target would be priced as H100.
+    fusion = fusion_pass(base, desc if base == "costfuse" else target, **config)
+    if desc.kind == "cuda":
+        return cuda_pipeline(target, fusion)
+    return build_pipeline(target, fusion, schedule_pass(target))
+
+
+# ------------------------------------------------------------------------------- targets
+@dataclass(frozen=True)
+class _Target:
+    name: str  # "llvm" or "cuda"
+    desc: TargetDesc
+    tvm_target: tvm.target.Target
+    measured: bool
+    note: str = ""
+
+    @property
+    def device(self):
+        return tvm.cuda() if self.name == "cuda" else tvm.cpu()
+
+
+def _targets(names: Sequence[str], gpu: str, measure_cuda: bool | None) -> list[_Target]:
+    from .schedules import host_target  # noqa: PLC0415
+
+    out = []
+    for name in names:
+        if name == "llvm":
+            out.append(_Target("llvm", host(), host_target(), measured=True))
+        elif name == "cuda":
+            desc = preset(gpu)
+            present = bool(tvm.cuda().exist)
+            want = present if measure_cuda is None else measure_cuda
+            note = "" if present or not want else "no GPU present: not measured"
+            out.append(_Target("cuda", desc, desc.tvm_target(), want and present, note))
+        else:
+            raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
+    return out
+
+
+def roofline(graph: OpGraph, desc: TargetDesc) -> tuple[float, int, float]:
+    """(FLOPs, compulsory bytes, bound seconds) of the whole model on ``desc``: the model as
+    one kernel reads its inputs and weights and writes its outputs once."""
+    calls = [n.name for n in graph.nodes if n.kind == "call_tir"]
+    if not calls:
+        return 0.0, 0, 0.0
+    f = group_features(graph, calls)
+    dtype = next((t.dtype for n in graph.nodes for t in n.outputs), "float32")
+    nbytes = f.bytes_in + f.bytes_out
+    return f.flops, nbytes, max(f.flops / desc.peak(dtype), nbytes / desc.dram_bw)
+
+
+# ------------------------------------------------------------------------------ registers
+def _cuda_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
+    from .registers import find_nvcc, ptxas_report  # noqa: PLC0415
+    from .schedules.cuda import cuda_source, kernel_sources  # noqa: PLC0415
+
+    kernels = list(kernel_sources(ex))
+    if find_nvcc() is None:
+        return tuple(KernelRegs(k, None, 0) for k in kernels), "no nvcc: registers unknown"
+    # One nvcc call for the whole unit: ptxas allocates registers per entry all the same.
+    report = ptxas_report(cuda_source(ex))
+    rows = []
+    for k in kernels + [k for k in report if k not in kernels]:
+        r = report.get(k)
+        rows.append(KernelRegs(k, r.registers if r else None, r.spill_store_bytes if r else 0))
+    return tuple(rows), ""
+
+
+def _cpu_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
+    from .registers import cpu_spill_report  # noqa: PLC0415
+
+    try:
+        report = cpu_spill_report(ex)
+    except ImportError as err:
+        return (), str(err)
+    return tuple(KernelRegs(k, None, s.spill_bytes) for k, s in report.items()), ""
+
+
+# ------------------------------------------------------------------------------- compare
+def _error(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    # TVM errors carry a C++ backtrace first; keep the message lines at the end.
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) > 3:
+        lines = lines[:1] + lines[-2:]
+    return " | ".join(lines)[:_ERROR_CHARS]
+
+
+def _model_cells(spec: str, strategies: Sequence[str], targets: Sequence[_Target], small: bool,
+                 repeat: int, tick: Callable[[str], None]) -> list[Cell]:
+    try:
+        name, mod, inputs = load_model(spec, small)
+    except Exception as err:  # noqa: BLE001 -- a model that cannot load fails its cells
+        msg = _error(err)
+        for _ in range(len(strategies) * len(targets)):
+            tick(spec)
+        return [Cell(spec, s, t.name, error=f"load: {msg}") for t in targets for s in strategies]
+    cells: list[Cell] = []
+    for t in targets:
+        cells += _target_cells(name, mod, inputs, strategies, t, repeat, tick)
+    return cells
+
+
+def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> list[Cell]:
+    cells: dict[str, Cell] = {}
+    built: dict[str, object] = {}
+    try:
+        prepared = prepare(mod, t.tvm_target)
+        graph = build_graph(prepared)
+        flops, min_bytes, bound = roofline(graph, t.desc)
+    except Exception as err:  # noqa: BLE001
+        for s in strategies:
+            tick(f"{name}/{t.name}")
+        return [Cell(name, s, t.name, error=f"prepare: {_error(err)}") for s in strategies]
+    cfg = FusionConfig.resolve()
+    for s in strategies:
+        tick(f"{name}/{s}/{t.name}")
+        base = Cell(name, s, t.name, flops=flops, min_bytes=min_bytes, roofline_s=bound,
+                    note=t.note)
+        stage = "plan"
+        try:
+            groups = strategy_groups(s, prepared, graph, t.desc)
+            kernels = kernels_of(graph, groups)
+            base = replace(base, kernels=len(kernels),
+                           intermediate_bytes=intermediate_bytes(graph, kernels),
+                           predicted_s=plan_cost(graph, t.desc, cfg, groups))
+            stage = "compile"
+            start = time.perf_counter()
+            with t.tvm_target:
+                ex = tvm.compile(mod, target=t.tvm_target,
+                                 relax_pipeline=_pipeline(s, t.desc, t.tvm_target))
+            base = replace(base, compile_s=time.perf_counter() - start)
+            stage = "registers"
+            regs, note = _cuda_regs(ex) if t.name == "cuda" else _cpu_regs(ex)
+            known = [r.registers for r in regs if r.registers is not None]
+            base = replace(
+                base, kernel_regs=regs, built_kernels=len(regs) or None,
+                max_registers=max(known) if known else None,
+                spilling_kernels=sum(r.spill_bytes > 0 for r in regs) if regs else None,
+                spill_bytes=sum(r.spill_bytes for r in regs) if regs else None,
+                note="; ".join(x for x in (base.note, note) if x))
+            built[s] = ex
+            cells[s] = base
+        except Exception as err:  # noqa: BLE001 -- one strategy's failure is one cell
+            cells[s] = replace(base, error=f"{stage}: {_error(err)}")
+    if t.measured:
+        _measure(cells, built, mod, inputs, t, repeat)
+    return [cells[s] for s in strategies]
+
+
+def _measure(cells: dict[str, Cell], built: dict, mod, inputs, t: _Target, repeat: int) -> None:
+    """Numerics against ``none`` (built here when not compared), then interleaved timing."""
+    ref_ex = built.get("none")
+    try:
+        if ref_ex is None:
+            with t.tvm_target:
+                ref_ex = tvm.compile(mod, target=t.tvm_target,
+                                     relax_pipeline=_pipeline("none", t.desc, t.tvm_target))
+        ref = run(ref_ex, inputs, t.device)
+    except Exception as err:  # noqa: BLE001
+        for s in built:
+            cells[s] = replace(cells[s], note=f"no reference (none failed: {_error(err)})")
+        ref = None
+    timed = {}
+    for s, ex in built.items():
+        try:
+            out = run(ex, inputs, t.device)
+        except Exception as err:  # noqa: BLE001
+            cells[s] = replace(cells[s], error=f"run: {_error(err)}")
+            continue
+        if ref is not None:
+            err_ = max_mismatch(ref, out)
+            cells[s] = replace(cells[s], max_mismatch=err_,
+                               numerics="ok" if err_ <= _MISMATCH_OK else "MISMATCH")
+        timed[s] = ex
+    if not timed:
+        return
+    try:
+        medians = interleaved_medians(timed, inputs, repeat=repeat, device=t.device)
+    except Exception as err:  # noqa: BLE001
+        for s in timed:
+            cells[s] = replace(cells[s], note=f"timing failed: {_error(err)}")
+        return
+    for s, sec in medians.items():
+        c = cells[s]
+        cells[s] = replace(c, measured_s=sec,
+                           roofline_fraction=c.roofline_s / sec if c.roofline_s else None)
+
+
+def _progress(total: int, enabled: bool):
+    """A tqdm bar (a plain counter on stderr when tqdm is missing)."""
+    try:
+        from tqdm import tqdm  # noqa: PLC0415
+
+        return tqdm(total=total, disable=not enabled, unit="cell", dynamic_ncols=True)
+    except ImportError:
+        import sys  # noqa: PLC0415
+
+        class _Plain:
+            n = 0
+
+            def set_description(self, text: str) -> None:
+                if enabled:
+                    print(f"[{self.n}/{total}] {text}", file=sys.stderr, flush=True)
+
+            def update(self, k: int = 1) -> None:
+                self.n += k
+
+            def close(self) -> None:
+                pass
+
+        return _Plain()
+
+
+def compare(
+    models: Sequence[str],
+    strategies: Sequence[str] = ("none", "tvm", "rules", "costfuse"),
+    targets: Sequence[str] = ("llvm",),
+    out_dir: str | os.PathLike | None = None,
+    *,
+    small: bool = False,
+    repeat: int = 5,
+    gpu: str = "h200",
+    measure_cuda: bool | None = None,
+    progress: bool = True,
+) -> list[Cell]:
+    """Compile every model under every strategy for every target; measure where possible.
+
+    Parameters
+    ----------
+    models
+        Zoo names (``"all"`` expands to the zoo), ``.onnx`` paths, or ``module:function``
+        returning ``(torch.nn.Module, example_args)``.
+    strategies
+        From :data:`STRATEGIES`; other names become failed cells.
+    targets
+        ``"llvm"`` (this host, always measured) and/or ``"cuda"`` (``gpu``'s description,
+        compiled offline; measured when a GPU is present, or never if ``measure_cuda=False``).
+    out_dir
+        When given, ``compare.csv``, ``kernels.csv``, ``compare.md`` and plots go there.
+    repeat
+        Interleaved timing rounds per model and target (median reported).
+
+    Returns
+    -------
+    list of Cell
+        Model-major, then target, then strategy.
+    """
+    register_config_keys()
+    models = expand_models(models)
+    tgts = _targets(targets, gpu, measure_cuda)
+    bar = _progress(len(models) * len(strategies) * len(tgts), progress)
+
+    def tick(label: str) -> None:
+        bar.set_description(label)
+        bar.update(1)
+
+    cells: list[Cell] = []
+    try:
+        for spec in models:
+            cells += _model_cells(spec, strategies, tgts, small, repeat, tick)
+    finally:
+        bar.close()
+    if out_dir is not None:
+        write_outputs(cells, out_dir)
+    return cells
+
+
+# ------------------------------------------------------------------------------- outputs
+def speedups(cells: Sequence[Cell], baseline: str = "tvm") -> dict[tuple[str, str, str], float]:
+    """(model, strategy, target) -> baseline time / time: measured where both cells were
+    measured, else predicted (keys of predicted ones end in target + " (predicted)")."""
+    by = {(c.model, c.strategy, c.target): c for c in cells if c.ok}
+    out = {}
+    for (m, s, t), c in by.items():
+        b = by.get((m, baseline, t))
+        if b is None:
+            continue
+        if c.measured_s and b.measured_s:
+            out[(m, s, t)] = b.measured_s / c.measured_s
+        elif c.predicted_s and b.predicted_s:
+            out[(m, s, f"{t} (predicted)")] = b.predicted_s / c.predicted_s
+    return out
+
+
+def _fmt(value, scale: float = 1.0, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, int) and scale == 1.0:
+        return str(value)
+    return f"{value * scale:.{digits}g}" if abs(value * scale) < 1e4 else f"{value * scale:.0f}"
+
+
+def markdown_table(cells: Sequence[Cell], baseline: str = "tvm") -> str:
+    """One row per cell: kernels, intermediate MiB, predicted / measured / roofline ms,
+    speedup vs ``baseline`` (``p`` marks a predicted one), registers, spills, numerics."""
+    sp = speedups(cells, baseline)
+    head = ("| model | target | strategy | kernels | interm. MiB | pred. ms | meas. ms | "
+            f"x vs {baseline} | roofline ms | roofline frac | max regs | spilling kernels | "
+            "spill B | numerics | error |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for c in cells:
+        s = sp.get((c.model, c.strategy, c.target))
+        x = f"{s:.2f}" if s else ""
+        if not x and (p := sp.get((c.model, c.strategy, f"{c.target} (predicted)"))):
+            x = f"{p:.2f} p"
+        mib = c.intermediate_bytes / 2**20 if c.intermediate_bytes is not None else None
+        row = [c.model, c.target, c.strategy, _fmt(c.kernels), _fmt(mib), _fmt(c.predicted_s, 1e3),
+               _fmt(c.measured_s, 1e3), x, _fmt(c.roofline_s, 1e3),
+               _fmt(c.roofline_fraction, 1.0, 2), _fmt(c.max_registers), _fmt(c.spilling_kernels),
+               _fmt(c.spill_bytes), c.numerics,
+               ("FAILED: " + c.error.replace("|", "/")) if c.error else ""]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(cells: Sequence[Cell], path: str | os.PathLike) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=_CSV_FIELDS, lineterminator="\n")
+        w.writeheader()
+        for c in cells:
+            d = asdict(c)
+            d.pop("kernel_regs")
+            w.writerow(d)
+
+
+def write_kernels_csv(cells: Sequence[Cell], path: str | os.PathLike) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["model", "strategy", "target", "kernel", "registers", "spill_bytes"])
+        for c in cells:
+            for k in c.kernel_regs:
+                w.writerow([c.model, c.strategy, c.target, k.kernel,
+                            "" if k.registers is None else k.registers, k.spill_bytes])
+
+
+def plot_speedup(cells: Sequence[Cell], path: str | os.PathLike, target: str,
+                 baseline: str = "tvm") -> str | None:
+    """Grouped bars: speedup of each strategy over ``baseline`` per model on ``target``
+    (measured, or predicted where the target was not measured)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    sp = speedups(cells, baseline)
+    keys = [k for k in sp if k[2] in (target, f"{target} (predicted)")]
+    if not keys:
+        return None
+    predicted = all(k[2].endswith("(predicted)") for k in keys)
+    models = list(dict.fromkeys(k[0] for k in keys))
+    strategies = [s for s in dict.fromkeys(c.strategy for c in cells)
+                  if any(k[1] == s for k in keys)]
+    width = 0.8 / max(1, len(strategies))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(models) + 2), 4.2))
+    for i, s in enumerate(strategies):
+        ys = [sp.get((m, s, target), sp.get((m, s, f"{target} (predicted)"), np.nan))
+              for m in models]
+        ax.bar(np.arange(len(models)) + (i - (len(strategies) - 1) / 2) * width, ys, width,
+               label=s)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(models)), models, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"speedup vs {baseline} ({'predicted' if predicted else 'measured'})")
+    ax.set_title(f"{target}: {'predicted' if predicted else 'measured'} speedup over {baseline}")
+    ax.legend(fontsize=8, ncol=min(5, len(strategies)))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return str(path)
+
+
+def plot_registers(cells: Sequence[Cell], path: str | os.PathLike,
+                   target: str = "cuda") -> str | None:
+    """Registers per kernel (ptxas), one panel per model, one column of points per strategy;
+    spilling kernels in red."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    chosen = [c for c in cells if c.target == target and c.ok
+              and any(k.registers is not None for k in c.kernel_regs)]
+    if not chosen:
+        return None
+    models = list(dict.fromkeys(c.model for c in chosen))
+    strategies = list(dict.fromkeys(c.strategy for c in chosen))
+    cols = min(5, len(models))
+    rows = math.ceil(len(models) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.6 * rows + 0.4),
+                             squeeze=False, sharey=True)
+    rng = np.random.default_rng(0)  # jitter only; fixed so plots are reproducible
+    for ax, m in zip(axes.flat, models, strict=False):
+        for i, s in enumerate(strategies):
+            c = next((c for c in chosen if c.model == m and c.strategy == s), None)
+            if c is None:
+                continue
+            regs = [(k.registers, k.spill_bytes) for k in c.kernel_regs if k.registers is not None]
+            xs = i + rng.uniform(-0.18, 0.18, len(regs))
+            colours = ["tab:red" if sb > 0 else "tab:blue" for _, sb in regs]
+            ax.scatter(xs, [r for r, _ in regs], s=9, c=colours, alpha=0.7)
+        ax.set_title(m, fontsize=9)
+        ax.set_xticks(range(len(strategies)), strategies, rotation=45, ha="right", fontsize=7)
+        ax.axhline(255, color="0.6", lw=0.6, ls="--")
+    for ax in list(axes.flat)[len(models):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("registers / thread", fontsize=8)
+    fig.suptitle(f"{target}: ptxas registers per kernel (red: spills)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return str(path)
+
+
+def write_outputs(cells: Sequence[Cell], out_dir: str | os.PathLike) -> list[str]:
+    """CSV (cells and kernels), the markdown table and the plots into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(cells, out / "compare.csv")
+    write_kernels_csv(cells, out / "kernels.csv")
+    (out / "compare.md").write_text(markdown_table(cells))
+    paths = [str(out / n) for n in ("compare.csv", "kernels.csv", "compare.md")]
+    try:
+        for t in dict.fromkeys(c.target for c in cells):
+            if p := plot_speedup(cells, out / f"speedup_{t}.png", t):
+                paths.append(p)
+        if p := plot_registers(cells, out / "registers_cuda.png"):
+            paths.append(p)
+    except ImportError:  # matplotlib is an optional extra: tables still stand
+        (out / "PLOTS_SKIPPED.txt").write_text(traceback.format_exc())
+    return paths
