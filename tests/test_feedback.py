@@ -3,6 +3,8 @@ second run measures nothing, and build failures become failed records."""
 
 from __future__ import annotations
 
+import re
+
 import tvm
 from conftest import prepared
 from tvm.s_tir import meta_schedule as ms
@@ -85,3 +87,19 @@ def test_group_kernel_is_one_primfunc():
     func = feedback.group_kernel(mod, graph, ("matmul", "add", "gelu"))
     assert isinstance(func, tvm.tirx.PrimFunc)
     assert len(ms.arg_info.ArgInfo.from_prim_func(func)) == 4
+
+
+def test_tune_command_measures_retrains_and_replans(tmp_path, capsys):
+    from tvm_costfuse.cli import main
+
+    args = ["tune", "rmsnorm", "--small", "--budget", "3", "--repeat", "2",
+            "--work-dir", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    counts = re.search(r"measured (\d+), failed (\d+), reused (\d+)", out)
+    assert counts and sum(map(int, counts.groups())) == 3, out
+    assert "kernels (analytical) ->" in out
+    assert (tmp_path / "features.jsonl").exists()
+    # Resumable: a second session re-measures nothing.
+    assert main(args) == 0
+    assert "measured 0, failed 0, reused 0, already recorded 3" in capsys.readouterr().out

@@ -16,6 +16,7 @@ import tvm
 from tvm import relax
 
 from . import zoo
+from .config import FusionConfig
 from .graph import build_graph
 from .measure import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
@@ -111,6 +112,61 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Measure the planner's candidate groups (most consequential first: the greedy planner
+    weighs merges in order of predicted gain), retrain the learned model, re-plan."""
+    from .cost.learned import train  # noqa: PLC0415 (xgboost loads only on demand)
+    from .database import default_work_dir  # noqa: PLC0415
+    from .feedback import MeasureConfig, measure_model  # noqa: PLC0415
+    from .targets import for_target  # noqa: PLC0415
+    from .planner import plan_greedy  # noqa: PLC0415
+    from .transform import plan_module  # noqa: PLC0415
+
+    try:
+        from tqdm import tqdm  # noqa: PLC0415
+    except ImportError:  # progress is a convenience: plain lines then
+        tqdm = None
+    target = host_target()
+    work_dir = args.work_dir or default_work_dir(target)
+    mod, _ = zoo.load(args.model, small=args.small)
+    model_name = f"{args.model}@{'small' if args.small else 'full'}"
+    prepared = prepare(mod, target)
+    desc = for_target(target)
+    before = plan_module(prepared, desc, FusionConfig(cost_model="analytical"))
+    bar = tqdm(total=args.budget, desc=f"tune {model_name}", unit="group") if tqdm else None
+
+    def log(line: str) -> None:
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(line.strip()[-60:])
+        else:
+            print(line, flush=True)
+
+    summary = measure_model(model_name, prepared, target, work_dir,
+                            MeasureConfig(repeat=args.repeat), max_groups=args.budget,
+                            prepared=True, log=log)
+    if bar is not None:
+        bar.close()
+    print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "
+          f"already recorded {summary.skipped}, unformable {summary.unformable} "
+          f"into {work_dir}")
+    learned = train(work_dir, desc)
+    after = plan_greedy(build_graph(prepared), desc, FusionConfig(cost_model="xgb"), learned)
+    print(f"plan: {before.kernels()} kernels (analytical) -> {after.kernels()} kernels (xgb, "
+          f"{learned.n_records} records; {sum(learned.fallbacks.values())} queries fell back "
+          f"to analytical)")
+    for group in sorted(set(after.groups) - set(before.groups)):
+        print(f"  new group: {' + '.join(group)}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import main as calibrate_main  # noqa: PLC0415
+
+    calibrate_main(args.rest)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="costfuse", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,6 +206,17 @@ def main(argv: list[str] | None = None) -> int:
                      help="time CUDA builds (default: when a GPU is present)")
     cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
     cmp.set_defaults(func=cmd_compare)
+    tune = sub.add_parser("tune", help="measure candidate groups into tuning_logs/, retrain the "
+                          "learned model, re-plan (resumable: recorded groups are not re-measured)")
+    tune.add_argument("model", choices=zoo.names())
+    tune.add_argument("--budget", type=int, default=32, help="candidate groups to measure")
+    tune.add_argument("--small", action="store_true")
+    tune.add_argument("--repeat", type=int, default=3)
+    tune.add_argument("--work-dir", default=None, help="default tuning_logs/<target>/groups")
+    tune.set_defaults(func=cmd_tune)
+    cal = sub.add_parser("calibrate", help="measure this host's bandwidth, FLOP/s and launch cost")
+    cal.add_argument("rest", nargs=argparse.REMAINDER, help="[--quick] [--cores N] [--path F]")
+    cal.set_defaults(func=cmd_calibrate)
     args = parser.parse_args(argv)
     np.set_printoptions(precision=4)
     return args.func(args)

@@ -70,7 +70,8 @@ def registers(f: GroupFeatures, target) -> tuple[int, int]:
         base = _CUDA_BASE_REGS[f.schedule]
         need = base + _CUDA_REGS_PER_LIVE * f.live_values + _CUDA_REGS_PER_ACC * f.accumulators
         return int(need), max(0, int(need) - target.regs_per_thread)
-    tile = int(_CPU_TILE_FRACTION * target.vector_regs) if f.schedule == "contraction" else 0
+    contraction = f.schedule_on(target.kind) == "contraction"
+    tile = int(_CPU_TILE_FRACTION * target.vector_regs) if contraction else 0
     need = tile + f.live_values + f.accumulators
     return need, max(0, need - target.vector_regs)
 
@@ -112,16 +113,17 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
 
     sizes = f.boundary_sizes or (f.bytes_in, f.bytes_out)
     memory = sum(seconds_to_move(s) for s in sizes)
-    if f.schedule == "fallback":  # intermediates materialize: written, then read
+    schedule = f.schedule_on(kind)
+    if schedule == "fallback":  # intermediates materialize: written, then read
         memory += 2 * seconds_to_move(f.bytes_internal)
     # Each spilled register is stored and reloaded once per output element.
     spill_bytes = 2 * 4 * over * f.out_elems
     spill = spill_bytes / llc_bw
 
     peak = target.peak(f"float{8 * f.dtype_bytes}")
-    eff = _EFF[kind][f.schedule]
+    eff = _EFF[kind][schedule]
     other = f.flops - f.contraction_flops + f.recompute_flops
-    if f.schedule == "fallback" and f.contraction_flops:
+    if schedule == "fallback" and f.contraction_flops:
         naive = _NAIVE_CONTRACTION[kind] or peak * _NAIVE_CUDA_FRACTION
         contraction = f.contraction_flops / naive
     else:
