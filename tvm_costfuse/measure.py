@@ -47,28 +47,6 @@ def run(
     return _flatten(vm["main"](*args))
 
 
-def count_kernels(mod: tvm.IRModule) -> int:
-    """Number of PrimFuncs (kernels) in an IRModule, e.g. after FuseTIR."""
-    return sum(1 for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
-
-
-def median_seconds(
-    ex: tvm.runtime.Executable,
-    inputs: Mapping[str, np.ndarray],
-    device=None,
-    repeat: int = 5,
-    min_repeat_ms: int = 100,
-) -> float:
-    """Median wall time of one ``main`` call: one warm-up, then ``repeat`` timed batches each
-    long enough (``min_repeat_ms``) to swamp timer resolution."""
-    device = device or tvm.cpu()
-    vm = relax.VirtualMachine(ex, device)
-    args = [tvm.runtime.tensor(v, device) for v in inputs.values()]
-    vm["main"](*args)
-    timer = vm.time_evaluator("main", device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    return float(np.median(timer(*args).results))
-
-
 def assert_close(
     got: Sequence[np.ndarray], want: Sequence[np.ndarray], rtol: float = 1e-4, atol: float = 1e-5
 ) -> None:

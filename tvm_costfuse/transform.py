@@ -18,7 +18,7 @@ from .config import FusionConfig, register_config_keys
 from .graph import build_graph
 from .partition import apply_partition, fuseops_groups
 from .planner import FusionPlan, plan_exact, plan_greedy
-from .targets import TargetDesc, for_target, preset
+from .targets import TargetDesc, for_target, preset, preset_names
 
 
 def _unmodelled(graph) -> set[str]:
@@ -91,7 +91,7 @@ class CostFuse:
         t = self.target
         if isinstance(t, TargetDesc):
             return t
-        if isinstance(t, str) and t.lower() in ("h100", "h200", "a100", "host"):
+        if isinstance(t, str) and t.lower() in preset_names():
             return preset(t)
         if config.target_preset:
             return preset(config.target_preset)
