@@ -127,7 +127,7 @@ def explain(
             "breakdown": dict(est.breakdown),
             "registers": est.registers,
             "spill_bytes": est.spill_bytes,
-            "schedule": group_features(graph, members).schedule,
+            "schedule": group_features(graph, members).schedule_on(desc.kind),
         })
     decisions = [
         {

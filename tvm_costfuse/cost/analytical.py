@@ -67,7 +67,7 @@ class Estimate:
 def registers(f: GroupFeatures, target) -> tuple[int, int]:
     """(registers per thread or vector registers per loop body, registers over the file)."""
     if target.kind == "cuda":
-        base = _CUDA_BASE_REGS[f.schedule]
+        base = _CUDA_BASE_REGS[f.schedule_on("cuda")]
         need = base + _CUDA_REGS_PER_LIVE * f.live_values + _CUDA_REGS_PER_ACC * f.accumulators
         return int(need), max(0, int(need) - target.regs_per_thread)
     contraction = f.schedule_on(target.kind) == "contraction"

@@ -75,9 +75,12 @@ class GroupFeatures:
     prologue_ops: int = 0  # members that feed a contraction inside the group
     reshaping_ops: int = 0  # injective members (transpose, reshape, split) outside a prologue
     window_reductions: int = 0  # pooling: overlapping windows, not one pass over an axis
-    # Sizes of the tensors crossing the boundary (where each is served from depends on its
-    # own size); not part of the learned model's fixed-length vector.
+    # Not part of the learned model's fixed-length vector: sizes of the tensors crossing the
+    # boundary (where each is served from depends on its own size), the contraction's output
+    # rank, and TupleGetItems in the group (what a target's contraction rule can take).
     boundary_sizes: tuple[int, ...] = ()
+    contraction_rank: int = 0
+    tuple_items: int = 0
 
     def vector(self) -> list[float]:
         return [float(getattr(self, name)) for name in FEATURE_NAMES]
@@ -95,22 +98,27 @@ class GroupFeatures:
                 return "fallback"
             return "reduction" if self.n_reductions else "elementwise"
         # Contraction rules (ours on CPU, dlight's Matmul on CUDA) take one contraction and
-        # an elementwise epilogue; the rest lands in the fallback. Measured: gpt2_block with
-        # transposes fused into its matmuls ran 13x slower on CPU; on CUDA dlight keeps its
-        # tiled kernel for matmul+add+reshape+transpose (56 registers, like plain matmul+add),
-        # but a batched matmul with a transpose epilogue fails to lower in TVM 0.27 ("buffer
-        # ..._reindex_pad used before its definition"), so reshaping epilogues stay out.
-        if (self.n_contractions == 1 and self.n_reductions == 0 and not self.prologue_ops
-                and not self.reshaping_ops):
-            return "contraction"
+        # an elementwise epilogue; a prologue lands in the fallback (measured: gpt2_block with
+        # transposes fused into its matmuls ran 13x slower on CPU). Reshaping epilogues: see
+        # ``schedule_on``.
+        if self.n_contractions == 1 and self.n_reductions == 0 and not self.prologue_ops:
+            return "contraction" if not self.reshaping_ops else "contraction+reshape"
         return "fallback"
 
-    def schedule_on(self, kind: str) -> str:  # noqa: ARG002 (one place to make it differ)
-        """The schedule class on a target kind (today the same on CPU and CUDA)."""
-        return self.schedule
+    def schedule_on(self, kind: str) -> str:
+        """The schedule class on a target kind. dlight's Matmul rule keeps its tiled kernel for
+        a linear layer's reshape/transpose epilogue (ptxas: bert's matmul+add+reshape+transpose
+        uses 56 registers like plain matmul+add), but TVM 0.27 fails to lower a batched (4-D)
+        matmul with a transpose epilogue ("..._reindex_pad used before its definition") and
+        tuple (split) epilogues are untested; our CPU rule takes elementwise epilogues only."""
+        if self.schedule != "contraction+reshape":
+            return self.schedule
+        linear = self.contraction_rank <= 3 and not self.tuple_items
+        return "contraction" if kind == "cuda" and linear else "fallback"
 
 
-FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name != "boundary_sizes")
+_NOT_LEARNED = ("boundary_sizes", "contraction_rank", "tuple_items")
+FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)
 
 
 def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
@@ -184,6 +192,9 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         dtype_bytes=_itemsize(dtype),
         prologue_ops=len(prologue),
         boundary_sizes=tuple(ext_in.values()) + tuple(n.bytes_written for n in outputs),
+        contraction_rank=max((len(n.outputs[0].shape) for n in nodes
+                              if classes[n.name] == "contraction"), default=0),
+        tuple_items=sum(1 for n in nodes if n.kind == "tuple_get_item"),
         window_reductions=sum(1 for n in nodes if classes[n.name] == "reduction"
                               and _is_window(n)),
         reshaping_ops=reshaping if any(c == "contraction" for c in classes.values()) else 0,

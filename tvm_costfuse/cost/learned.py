@@ -57,7 +57,7 @@ def input_names() -> list[str]:
 def _inputs(f: GroupFeatures, target) -> tuple[np.ndarray, Estimate]:
     est = analytical_estimate(f, target)
     row = [math.log1p(max(0.0, v)) for v in f.vector()]
-    row += [1.0 if f.schedule == s else 0.0 for s in _SCHEDULES]
+    row += [1.0 if f.schedule_on(target.kind) == s else 0.0 for s in _SCHEDULES]
     row += [math.log(max(est.seconds, 1e-12))]
     row += [math.log(max(est.breakdown.get(t, 0.0), 1e-12)) for t in _TERMS]
     return np.asarray(row, dtype=np.float64), est
