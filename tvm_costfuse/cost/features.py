@@ -109,8 +109,9 @@ class GroupFeatures:
         """The schedule class on a target kind. dlight's Matmul rule keeps its tiled kernel for
         a linear layer's reshape/transpose epilogue (ptxas: bert's matmul+add+reshape+transpose
         uses 56 registers like plain matmul+add), but TVM 0.27 fails to lower a batched (4-D)
-        matmul with a transpose epilogue ("..._reindex_pad used before its definition") and
-        tuple (split) epilogues are untested; our CPU rule takes elementwise epilogues only."""
+        matmul with a transpose epilogue ("..._reindex_pad used before its definition"), and
+        so does gpt2's Q/K/V matmul with its split epilogue; our CPU rule takes elementwise
+        epilogues only."""
         if self.schedule != "contraction+reshape":
             return self.schedule
         linear = self.contraction_rank <= 3 and not self.tuple_items
