@@ -103,3 +103,34 @@ def test_tune_command_measures_retrains_and_replans(tmp_path, capsys):
     # Resumable: a second session re-measures nothing.
     assert main(args) == 0
     assert "measured 0, failed 0, reused 0, already recorded 3" in capsys.readouterr().out
+
+
+def test_rpc_tracker_runner_measures_on_a_localhost_server(tmp_path):
+    # A TVM RPC tracker and one server registered under a key, both on loopback: measurement
+    # builds here and runs there, as it would on another machine of the target kind.
+    from tvm import rpc
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker(host="127.0.0.1", port=9290, port_end=9390, silent=True)
+    server = rpc.Server(host="127.0.0.1", port=9400, port_end=9500, key="costfuse-test",
+                        tracker_addr=("127.0.0.1", tracker.port), silent=True)
+    try:
+        mod, _ = prepared("rmsnorm")
+        config = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=120,
+                               rpc_tracker=f"127.0.0.1:{tracker.port}:costfuse-test")
+        graph = build_graph(mod)
+        group = tuple(graph.call_tir_names()[:2])
+        summary = measure_model("rmsnorm@rpc", mod, host_target(), tmp_path, config,
+                                groups=[group], prepared=True)
+        assert summary.measured == 1 and summary.failed == 0, summary.errors
+        (row,) = GroupDatabase(tmp_path).rows()
+        assert 0 < min(row["run_secs"]) < FAILED_RUN_SECS
+        # No server under this key: the request waits, and the timeout becomes a failed record.
+        bad = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=15,
+                            rpc_tracker=f"127.0.0.1:{tracker.port}:no-such-key")
+        other = measure_model("rmsnorm@rpc-bad", mod, host_target(), tmp_path / "bad", bad,
+                              groups=[group], prepared=True)
+        assert other.failed == 1 and "timeout" in other.errors[0]
+    finally:
+        server.terminate()
+        tracker.terminate()

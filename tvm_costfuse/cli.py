@@ -143,7 +143,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     summary = measure_model(model_name, prepared, target, work_dir,
-                            MeasureConfig(repeat=args.repeat), max_groups=args.budget,
+                            MeasureConfig(repeat=args.repeat, rpc_tracker=args.rpc_tracker),
+                            max_groups=args.budget,
                             prepared=True, log=log)
     if bar is not None:
         bar.close()
@@ -213,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--small", action="store_true")
     tune.add_argument("--repeat", type=int, default=3)
     tune.add_argument("--work-dir", default=None, help="default tuning_logs/<target>/groups")
+    tune.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT:KEY",
+                      help="run the kernels on an RPC server from this TVM tracker")
     tune.set_defaults(func=cmd_tune)
     cal = sub.add_parser("calibrate", help="measure this host's bandwidth, FLOP/s and launch cost")
     cal.add_argument("rest", nargs=argparse.REMAINDER, help="[--quick] [--cores N] [--path F]")

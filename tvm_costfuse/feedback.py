@@ -43,6 +43,9 @@ class MeasureConfig:
     min_repeat_ms: int = 30
     timeout_s: float = 120.0  # build + run of one kernel, worker start-up included
     isolate: bool = True  # build and run in a worker process (timeouts, crashes survive)
+    # "host:port:key" of a TVM RPC tracker: build here, run on a server registered under key
+    # (e.g. another machine of the target kind); None runs on this machine.
+    rpc_tracker: str | None = None
 
 
 @dataclass
@@ -102,25 +105,27 @@ def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     return func, tvm.s_tir.Schedule(func).trace
 
 
-def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
-                   min_repeat_ms: int) -> list[float]:
-    """Compile one scheduled PrimFunc alone and time it (runs in the worker process).
-
-    Raises RuntimeError whose message starts with ``build:`` or ``run:``.
-    """
-    import numpy as np  # noqa: PLC0415
+def _compile_kernel(func_json: str, target_json: dict):
+    """(executable, PrimFunc, entry name) of one scheduled PrimFunc built alone."""
     import tvm as _tvm  # noqa: PLC0415 (worker process)
-    from tvm.s_tir import meta_schedule as _ms  # noqa: PLC0415
 
-    target = _tvm.target.Target(target_json)
     func = _tvm.ir.load_json(func_json)
     name = "kernel"
     try:
-        ex = _tvm.compile(_tvm.IRModule({name: func.with_attr("global_symbol", name)}), target)
+        module = _tvm.IRModule({name: func.with_attr("global_symbol", name)})
+        return _tvm.compile(module, _tvm.target.Target(target_json)), func, name
     except Exception as err:  # noqa: BLE001 -- any build error is a measured outcome
         raise RuntimeError(f"build: {type(err).__name__}: {err}") from None
+
+
+def _time_on(run_mod, func, name: str, dev, number: int, repeat: int,
+             min_repeat_ms: int) -> list[float]:
+    """Random inputs of the buffer shapes on ``dev``, one warm-up call, then the timer."""
+    import numpy as np  # noqa: PLC0415
+    import tvm as _tvm  # noqa: PLC0415
+    from tvm.s_tir import meta_schedule as _ms  # noqa: PLC0415
+
     try:
-        dev = _tvm.cpu()
         rng = np.random.default_rng(0)
         args = []
         for info in _ms.arg_info.ArgInfo.from_prim_func(func):
@@ -129,12 +134,46 @@ def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
             value = (rng.standard_normal(shape).astype(dtype) if "float" in dtype
                      else rng.integers(0, 2, shape).astype(dtype))
             args.append(_tvm.runtime.tensor(value, dev))
-        ex.mod[name](*args)  # warm-up
-        timer = ex.mod.time_evaluator(name, dev, number=number, repeat=repeat,
-                                      min_repeat_ms=min_repeat_ms)
+        run_mod[name](*args)  # warm-up
+        timer = run_mod.time_evaluator(name, dev, number=number, repeat=repeat,
+                                       min_repeat_ms=min_repeat_ms)
         return [float(s) for s in timer(*args).results]
     except Exception as err:  # noqa: BLE001
         raise RuntimeError(f"run: {type(err).__name__}: {err}") from None
+
+
+def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
+                   min_repeat_ms: int) -> list[float]:
+    """Compile one scheduled PrimFunc alone and time it here (runs in the worker process).
+
+    Raises RuntimeError whose message starts with ``build:`` or ``run:``.
+    """
+    import tvm as _tvm  # noqa: PLC0415 (worker process)
+
+    ex, func, name = _compile_kernel(func_json, target_json)
+    return _time_on(ex.mod, func, name, _tvm.cpu(), number, repeat, min_repeat_ms)
+
+
+def build_and_time_rpc(func_json: str, target_json: dict, number: int, repeat: int,
+                       min_repeat_ms: int, tracker: str) -> list[float]:
+    """Compile here, run on an RPC server that a tracker (``host:port:key``) hands out."""
+    import os  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from tvm import rpc  # noqa: PLC0415
+
+    host, port, key = tracker.rsplit(":", 2)
+    ex, func, name = _compile_kernel(func_json, target_json)
+    try:
+        session = rpc.connect_tracker(host, int(port)).request(key, session_timeout=120)
+    except Exception as err:  # noqa: BLE001
+        raise RuntimeError(f"run: no RPC server for key {key!r} at {host}:{port}: {err}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.so")
+        ex.mod.export_library(path)
+        session.upload(path)
+    return _time_on(session.load_module("kernel.so"), func, name, session.cpu(), number,
+                    repeat, min_repeat_ms)
 
 
 class _Runner:
@@ -151,6 +190,8 @@ class _Runner:
                  ) -> tuple[list[float], str | None]:
         c = self.config
         args = (tvm.ir.save_json(func), target.export(), c.number, c.repeat, c.min_repeat_ms)
+        if c.rpc_tracker is not None:
+            args = (*args, c.rpc_tracker)
         try:
             if self.pool is None:
                 return self.fn(*args), None
@@ -219,7 +260,8 @@ def measure_model(
     if max_groups is not None:
         cands = cands[:max_groups]
     summary = MeasureSummary(model)
-    runner = _Runner(config, runner_fn or build_and_time)
+    default_fn = build_and_time_rpc if config.rpc_tracker is not None else build_and_time
+    runner = _Runner(config, runner_fn or default_fn)
     try:
         for members in cands:
             if db.has_group(model, members):
