@@ -164,7 +164,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import main as calibrate_main  # noqa: PLC0415
 
-    calibrate_main(args.rest)
+    argv = ["--quick"] if args.quick else []
+    argv += ["--cores", str(args.cores)] if args.cores else []
+    argv += ["--path", args.path] if args.path else []
+    calibrate_main(argv)
     return 0
 
 
@@ -218,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="run the kernels on an RPC server from this TVM tracker")
     tune.set_defaults(func=cmd_tune)
     cal = sub.add_parser("calibrate", help="measure this host's bandwidth, FLOP/s and launch cost")
-    cal.add_argument("rest", nargs=argparse.REMAINDER, help="[--quick] [--cores N] [--path F]")
+    cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
+    cal.add_argument("--cores", type=int, default=None, help="threads (default: affinity)")
+    cal.add_argument("--path", default=None, help="JSON record (default in ~/.cache)")
     cal.set_defaults(func=cmd_calibrate)
     args = parser.parse_args(argv)
     np.set_printoptions(precision=4)
