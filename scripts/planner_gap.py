@@ -1,6 +1,7 @@
 """Greedy vs exact planning on graphs small enough to solve exactly.
 
-Random synthetic DAGs with 6-9 units (``tests/synthetic.random_dag``) and the small zoo models
+Random synthetic DAGs with 6-9 units (``tests/synthetic.random_dag``: chains with fan-in;
+``branchy_dag``: diamonds, siblings, mixed sizes) and the small zoo models
 of at most 9 units, on host and H100: the predicted cost of the greedy plan and of the exact
 optimum (same cost model), and the gap (greedy / exact - 1).
 
@@ -36,10 +37,11 @@ def _synthetic():
 
 def graphs(seeds: int):
     """(label, OpGraph) for every graph compared."""
-    random_dag = _synthetic().random_dag
+    synthetic = _synthetic()
     for n in range(6, MAX_UNITS + 1):
         for seed in range(seeds):
-            yield f"random n={n} seed={seed}", random_dag(n, seed=seed, fan_in=0.5)
+            yield f"random n={n} seed={seed}", synthetic.random_dag(n, seed=seed, fan_in=0.5)
+            yield f"branchy n={n} seed={seed}", synthetic.branchy_dag(n, seed=seed)
     for name in zoo.names():
         graph = build_graph(prepare(zoo.load(name, small=True)[0]))
         if len(initial_units(graph)) <= MAX_UNITS:
@@ -63,16 +65,16 @@ def main(argv: list[str] | None = None) -> int:
             exact = plan_exact(graph, target, config, max_units=MAX_UNITS)
             exact_s = time.perf_counter() - start
             gap = greedy.seconds / exact.seconds - 1
-            kind = "zoo" if label.startswith("zoo") else "random"
-            gaps.setdefault(f"{kind:<6} {target_name}", []).append(gap)
+            kind = label.split()[0]
+            gaps.setdefault(f"{kind:<7} {target_name}", []).append(gap)
             print(f"{label:<28} {len(initial_units(graph)):>5} {target_name:<6} "
                   f"{greedy.seconds * 1e6:>10.2f} {exact.seconds * 1e6:>10.2f} "
                   f"{100 * gap:>7.2f} {greedy.kernels():>2}/{exact.kernels():<3} {exact_s:>8.2f}")
     print()
-    print(f"{'set':<12} {'graphs':>6} {'mean gap %':>10} {'max gap %':>10} {'optimal':>8}")
+    print(f"{'set':<13} {'graphs':>6} {'mean gap %':>10} {'max gap %':>10} {'optimal':>8}")
     for key, values in gaps.items():
         optimal = sum(v <= 1e-9 for v in values)
-        print(f"{key:<12} {len(values):>6} {100 * statistics.fmean(values):>10.2f} "
+        print(f"{key:<13} {len(values):>6} {100 * statistics.fmean(values):>10.2f} "
               f"{100 * max(values):>10.2f} {optimal:>5}/{len(values)}")
     return 0
 

@@ -46,3 +46,18 @@ def random_dag(n: int, seed: int = 0, fan_in: float = 0.3) -> OpGraph:
             inputs.append(f"op{rng.randrange(max(0, i - 20), i - 1)}")
         nodes.append(op(i, f"op{i}", pattern, inputs, flops_per_elem=fpe, reduction=red))
     return make_graph(nodes)
+
+
+def branchy_dag(n: int, seed: int = 0) -> OpGraph:
+    """n ops, each reading one or two random earlier ops (or the input), with sizes from 1K
+    to 1M elements: diamonds, siblings and fan-in that a chain-like graph never shows."""
+    rng = random.Random(seed * 1009 + n)
+    nodes: list[Node] = []
+    for i in range(n):
+        pattern, fpe, red, _ = _KINDS[rng.randrange(len(_KINDS))]
+        pool = ["%x"] + [f"op{j}" for j in range(i)]
+        inputs = sorted(set(rng.sample(pool, k=min(len(pool), rng.choice((1, 2))))))
+        elems = 1 << rng.randrange(10, 21)
+        nodes.append(op(i, f"op{i}", pattern, inputs, elems=elems, flops_per_elem=fpe,
+                        reduction=red))
+    return make_graph(nodes)

@@ -88,14 +88,15 @@ def last_level_cache(target) -> tuple[int, float]:
     return size, bw or target.dram_bw * _LLC_OVER_DRAM
 
 
-def _parallel_efficiency(f: GroupFeatures, target) -> float:
+def _parallel_efficiency(elems: int, dtype_bytes: int, target) -> float:
+    """Share of the machine a loop over ``elems`` outputs keeps busy."""
     if target.kind == "cuda":
         # Enough threads to fill every SM at half occupancy; fewer leave SMs idle.
         full = target.sm_count * target.max_threads_per_sm // 2
     else:
-        lanes = max(1, target.vector_bits // (8 * f.dtype_bytes))
+        lanes = max(1, target.vector_bits // (8 * dtype_bytes))
         full = target.cores * lanes * 4  # 4 vectors per core keep the FMA pipes busy
-    return min(1.0, max(f.out_elems, 1) / full)
+    return min(1.0, max(elems, 1) / full)
 
 
 def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Estimate:
@@ -122,13 +123,20 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
 
     peak = target.peak(f"float{8 * f.dtype_bytes}")
     eff = _EFF[kind][schedule]
-    other = f.flops - f.contraction_flops + f.recompute_flops
-    if schedule == "fallback" and f.contraction_flops:
-        naive = _NAIVE_CONTRACTION[kind] or peak * _NAIVE_CUDA_FRACTION
-        contraction = f.contraction_flops / naive
+    if schedule == "fallback":
+        contraction_rate = _NAIVE_CONTRACTION[kind] or peak * _NAIVE_CUDA_FRACTION
     else:
-        contraction = f.contraction_flops / (peak * _EFF[kind]["contraction"])
-    compute = (contraction + other / (peak * eff)) / _parallel_efficiency(f, target)
+        contraction_rate = peak * _EFF[kind]["contraction"]
+    # Each op keeps its own loop's parallelism inside the kernel (fusing a scalar reduction
+    # with a wide op does not parallelize the reduction).
+    work = f.op_work or ((f.contraction_flops > 0, f.flops, f.out_elems),)
+    compute = sum(
+        flops / (contraction_rate if is_contraction else peak * eff)
+        / _parallel_efficiency(elems, f.dtype_bytes, target)
+        for is_contraction, flops, elems in work
+    )
+    compute += f.recompute_flops / (peak * eff) / _parallel_efficiency(
+        f.out_elems, f.dtype_bytes, target)
 
     body = max(memory, compute) + (1 - _OVERLAP) * min(memory, compute)
     launch = target.launch_s

@@ -81,6 +81,9 @@ class GroupFeatures:
     boundary_sizes: tuple[int, ...] = ()
     contraction_rank: int = 0
     tuple_items: int = 0
+    # (is_contraction, FLOPs, output elements) per op: each op's loop keeps its own parallelism
+    # inside a fused kernel, so compute time is summed per op, not over the largest output.
+    op_work: tuple[tuple[bool, float, int], ...] = ()
 
     def vector(self) -> list[float]:
         return [float(getattr(self, name)) for name in FEATURE_NAMES]
@@ -118,7 +121,7 @@ class GroupFeatures:
         return "contraction" if kind == "cuda" and linear else "fallback"
 
 
-_NOT_LEARNED = ("boundary_sizes", "contraction_rank", "tuple_items")
+_NOT_LEARNED = ("boundary_sizes", "contraction_rank", "tuple_items", "op_work")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)
 
 
@@ -196,6 +199,8 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         contraction_rank=max((len(n.outputs[0].shape) for n in nodes
                               if classes[n.name] == "contraction"), default=0),
         tuple_items=sum(1 for n in nodes if n.kind == "tuple_get_item"),
+        op_work=tuple((classes[n.name] == "contraction", n.flops, _elems(n))
+                      for n in nodes if n.kind == "call_tir"),
         window_reductions=sum(1 for n in nodes if classes[n.name] == "reduction"
                               and _is_window(n)),
         reshaping_ops=reshaping if any(c == "contraction" for c in classes.values()) else 0,
