@@ -6,7 +6,7 @@ import time
 
 import pytest
 from conftest import prepared
-from synthetic import make_graph, op, random_dag
+from synthetic import branchy_dag, make_graph, op, random_dag
 
 from tvm_costfuse import FusionConfig, build_graph, plan_exact, plan_greedy
 from tvm_costfuse.cost import group_features
@@ -88,6 +88,19 @@ def test_thousand_node_graph_plans_in_under_a_second() -> None:
     assert plan.kernels() < 1000
 
 
+def test_merging_unrelated_ops_does_not_borrow_parallelism() -> None:
+    # A scalar-wide reduction fused with an unrelated wide op keeps its own (serial) loop:
+    # fusing saves a launch and some overlap, never the reduction's serial time.
+    wide = op(0, "wide", OpPattern.ELEMWISE, ["%x"], elems=1 << 20)
+    narrow = op(1, "narrow", OpPattern.COMM_REDUCE, ["%y"], elems=1, flops_per_elem=1 << 20,
+                reduction=1 << 20, in_elems=[1 << 20])
+    graph = make_graph([wide, narrow])
+    config = FusionConfig()
+    alone = plan_cost(graph, H100, config, [])
+    together = plan_cost(graph, H100, config, [["wide", "narrow"]])
+    assert together >= 0.9 * alone
+
+
 def test_greedy_is_deterministic() -> None:
     graph = random_dag(200, seed=3)
     a = plan_greedy(graph, HOST, FusionConfig())
@@ -95,9 +108,10 @@ def test_greedy_is_deterministic() -> None:
     assert a.groups == b.groups and a.decisions == b.decisions
 
 
+@pytest.mark.parametrize("branchy", [False, True], ids=["chain", "branchy"])
 @pytest.mark.parametrize("seed", range(6))
-def test_exact_is_never_worse_than_greedy(seed: int) -> None:
-    graph = random_dag(8, seed=seed, fan_in=0.5)
+def test_exact_is_never_worse_than_greedy(seed: int, branchy: bool) -> None:
+    graph = branchy_dag(8, seed=seed) if branchy else random_dag(8, seed=seed, fan_in=0.5)
     config = FusionConfig()
     greedy = plan_greedy(graph, H100, config)
     exact = plan_exact(graph, H100, config)
