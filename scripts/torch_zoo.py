@@ -140,18 +140,8 @@ def _elementwise_chain(m, w, x):
     return torch.relu(y - 0.1)
 
 
-_MODELS: dict[str, Callable] = {
-    "mlp_gelu": _mlp_gelu,
-    "attention": _attention,
-    "conv_bn_relu": _conv_bn_relu,
-    "resnet18": _resnet18,
-    "mobilenetv2": _mobilenetv2,
-    "bert_layer": _bert_layer,
-    "gpt2_block": _gpt2_block,
-    "layernorm_mlp": _layernorm_mlp,
-    "rmsnorm": _rmsnorm,
-    "elementwise_chain": _elementwise_chain,
-}
+# One twin per zoo model, found by name: a model added to the zoo without a twin fails here.
+_MODELS: dict[str, Callable] = {name: globals()[f"_{name}"] for name in zoo.names()}
 
 
 def names() -> list[str]:

@@ -20,16 +20,14 @@ from .config import FusionConfig
 from .graph import build_graph
 from .measure import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
-from .passes import prepare
+from .passes import fuse, prepare
 from .schedules import host_target
 from .strategies import STRATEGIES, fusion_pass, strategy_pipeline
 
 
 def kernel_launches(mod: tvm.IRModule, fusion: tvm.transform.Pass, target) -> int:
     """call_tir launches per inference after fusion and FuseTIR."""
-    with tvm.target.Target(target):
-        fused = relax.transform.FuseTIR()(fusion(prepare(mod, target)))
-    return len(build_graph(fused).call_tir_names())
+    return len(build_graph(fuse(mod, target, fusion)).call_tir_names())
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -37,10 +37,10 @@ from .explain import intermediate_bytes, kernels_of
 from .graph import OpGraph, build_graph
 from .measure import interleaved_medians, max_mismatch, run
 from .partition import fuseops_groups
-from .passes import build_pipeline, prepare
+from .passes import prepare
 from .planner import plan_cost
 from .rules import rules_groups
-from .strategies import fusion_pass
+from .strategies import strategy_pipeline
 from .targets import TargetDesc, host, preset
 from .transform import plan_module
 
@@ -166,15 +166,9 @@ def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
 
 
 def _pipeline(strategy: str, desc: TargetDesc, target: tvm.target.Target):
-    from .schedules import schedule_pass  # noqa: PLC0415 (schedules import this package)
-    from .schedules.cuda import cuda_pipeline  # noqa: PLC0415
-
     base, config = _split(strategy)
     # CostFuse gets the description itself: a bare sm_90 target would be priced as H100.
-    fusion = fusion_pass(base, desc if base == "costfuse" else target, **config)
-    if desc.kind == "cuda":
-        return cuda_pipeline(target, fusion)
-    return build_pipeline(target, fusion, schedule_pass(target))
+    return strategy_pipeline(base, target, cost_target=desc, **config)
 
 
 # ------------------------------------------------------------------------------- targets

@@ -29,6 +29,14 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target | str = "llvm") -> tvm.
         return tvm.transform.Sequential(pre_fusion_passes(target))(mod)
 
 
+def fuse(mod: tvm.IRModule, target, fusion: tvm.transform.Pass) -> tvm.IRModule:
+    """The module a schedule pass sees: pre-fusion passes, ``fusion``, ``FuseTIR``."""
+    target = tvm.target.Target(target)
+    mod = prepare(mod, target)
+    with target:
+        return tvm.transform.Sequential([fusion, relax.transform.FuseTIR()])(mod)
+
+
 def build_pipeline(
     target: tvm.target.Target | str,
     fusion: tvm.transform.Pass | None = None,

@@ -26,7 +26,8 @@ from tvm import relax
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from .passes import build_pipeline, prepare
+from . import passes
+from .passes import build_pipeline
 
 __all__ = ["default_work_dir", "fuse", "tune_model", "tuned_pipeline"]
 
@@ -58,21 +59,15 @@ def default_work_dir(target: tvm.target.Target | str) -> Path:
     return _REPO_ROOT / "tuning_logs" / name
 
 
-def _fusion(fusion: str, target: tvm.target.Target) -> tvm.transform.Pass:
-    from .strategies import fusion_pass
-
-    return fusion_pass(fusion, target)
-
-
 def fuse(mod: tvm.IRModule, target: tvm.target.Target | str, fusion: str = "tvm") -> tvm.IRModule:
     """The module the schedule pass sees: pre-fusion passes, ``fusion``, ``FuseTIR``.
 
     ``fusion`` is a strategy name of :mod:`tvm_costfuse.strategies` other than ``stock``.
     """
+    from .strategies import fusion_pass  # noqa: PLC0415 (strategies import this package)
+
     target = tvm.target.Target(target)
-    mod = prepare(mod, target)
-    with target:
-        return tvm.transform.Sequential([_fusion(fusion, target), relax.transform.FuseTIR()])(mod)
+    return passes.fuse(mod, target, fusion_pass(fusion, target))
 
 
 def tune_model(
@@ -155,6 +150,7 @@ def tuned_pipeline(
     marked ``tirx.is_scheduled``) -> our rules (skip scheduled PrimFuncs, schedule the rest).
     """
     from .schedules import schedule_pass
+    from .strategies import fusion_pass  # noqa: PLC0415 (strategies import this package)
 
     target = tvm.target.Target(target)
     work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)
@@ -163,4 +159,4 @@ def tuned_pipeline(
     with target:  # the pass reads Target.current() when it is created
         apply_db = relax.transform.MetaScheduleApplyDatabase(str(work_dir))
     schedules = tvm.transform.Sequential([apply_db, schedule_pass(target)], name="TunedSchedules")
-    return build_pipeline(target, _fusion(fusion, target), schedules)
+    return build_pipeline(target, fusion_pass(fusion, target), schedules)
