@@ -1,4 +1,4 @@
-"""costfuse compare: two small transformer models x strategies x {llvm measured, cuda offline}.
+"""costfuse compare: three small transformer models x strategies x {llvm measured, cuda offline}.
 
 One run (module fixture) feeds every assertion; a bogus strategy and a model that cannot load
 must come back as failed cells carrying their error, not as a crashed run.
@@ -13,7 +13,7 @@ import pytest
 from tvm_costfuse.cli import main
 from tvm_costfuse.compare import compare
 
-MODELS = ("bert_layer", "gpt2_block")
+MODELS = ("attention", "bert_layer", "gpt2_block")
 STRATEGIES = ("none", "tvm", "costfuse", "bogus")
 
 
@@ -28,7 +28,7 @@ def run(tmp_path_factory):
 def test_writes_csv_markdown_and_plots(run):
     out, cells = run
     rows = list(csv.DictReader((out / "compare.csv").read_text().splitlines()))
-    assert len(rows) == len(cells) == 3 * len(STRATEGIES) * 2
+    assert len(rows) == len(cells) == (len(MODELS) + 1) * len(STRATEGIES) * 2
     table = (out / "compare.md").read_text()
     assert table.startswith("| model | target | strategy | kernels |")
     assert all(f"| {m} | cuda | costfuse |" in table for m in MODELS)
@@ -68,10 +68,14 @@ def test_failures_are_cells_with_their_error(run):
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_costfuse_writes_no_more_intermediates_than_tvm_on_cuda(run, model):
+def test_costfuse_writes_fewer_intermediates_than_tvm_on_cuda(run, model):
+    # dlight's Matmul rule takes the attention transposes as prologues and epilogues; FuseOps
+    # never fuses into a matmul's operands, so those tensors stay in memory under TVM.
     _, cells = run
     cf, tvm = cells[(model, "costfuse", "cuda")], cells[(model, "tvm", "cuda")]
-    assert cf.intermediate_bytes <= tvm.intermediate_bytes
+    assert cf.ok and tvm.ok, (cf.error, tvm.error)
+    assert cf.intermediate_bytes < tvm.intermediate_bytes
+    assert cf.spilling_kernels == 0
 
 
 def test_cli_compare_failed_model_does_not_crash(tmp_path, capsys):

@@ -77,10 +77,12 @@ class GroupFeatures:
     window_reductions: int = 0  # pooling: overlapping windows, not one pass over an axis
     # Not part of the learned model's fixed-length vector: sizes of the tensors crossing the
     # boundary (where each is served from depends on its own size), the contraction's output
-    # rank, and TupleGetItems in the group (what a target's contraction rule can take).
+    # rank, TupleGetItems outside the prologue, and prologue members that compute rather than
+    # move data (what a target's contraction rule can take).
     boundary_sizes: tuple[int, ...] = ()
     contraction_rank: int = 0
     tuple_items: int = 0
+    prologue_compute: int = 0
     # (is_contraction, FLOPs, output elements) per op: each op's loop keeps its own parallelism
     # inside a fused kernel, so compute time is summed per op, not over the largest output.
     op_work: tuple[tuple[bool, float, int], ...] = ()
@@ -100,28 +102,39 @@ class GroupFeatures:
                 # BN + ReLU ran 1.25x slower on CPU).
                 return "fallback"
             return "reduction" if self.n_reductions else "elementwise"
-        # Contraction rules (ours on CPU, dlight's Matmul on CUDA) take one contraction and
-        # an elementwise epilogue; a prologue lands in the fallback (measured: gpt2_block with
-        # transposes fused into its matmuls ran 13x slower on CPU). Reshaping epilogues: see
-        # ``schedule_on``.
-        if self.n_contractions == 1 and self.n_reductions == 0 and not self.prologue_ops:
+        # Contraction rules (ours on CPU, dlight's Matmul on CUDA) take one contraction with an
+        # elementwise epilogue; reshaping epilogues and prologues: see ``schedule_on``.
+        if self.n_contractions == 1 and self.n_reductions == 0:
+            if self.prologue_ops:
+                return "contraction+prologue"
             return "contraction" if not self.reshaping_ops else "contraction+reshape"
         return "fallback"
 
     def schedule_on(self, kind: str) -> str:
-        """The schedule class on a target kind. dlight's Matmul rule keeps its tiled kernel for
-        a linear layer's reshape/transpose epilogue (ptxas: bert's matmul+add+reshape+transpose
-        uses 56 registers like plain matmul+add), but TVM 0.27 fails to lower a batched (4-D)
-        matmul with a transpose epilogue ("..._reindex_pad used before its definition"), and
-        so does gpt2's Q/K/V matmul with its split epilogue; our CPU rule takes elementwise
-        epilogues only."""
-        if self.schedule != "contraction+reshape":
-            return self.schedule
-        linear = self.contraction_rank <= 3 and not self.tuple_items
-        return "contraction" if kind == "cuda" and linear else "fallback"
+        """The schedule class on a target kind.
+
+        Our CPU contraction rule takes elementwise epilogues only: anything else lands in the
+        fallback (measured: gpt2_block with its transposes fused into the matmuls ran 13x
+        slower on CPU). dlight's Matmul rule inlines data-movement producers (transpose,
+        reshape, split) into its operand loads and keeps its tiled kernel for reshape and
+        transpose epilogues: ptxas reports the same 64 registers and 6912 B of shared memory
+        for gpt2_block's attention-projection matmul with and without its head-merging
+        transpose prologue, full and small shapes alike (``tests/test_compare.py`` compiles
+        the zoo). TVM 0.27 fails to lower a split epilogue ("matmul_intermediate_reindex is
+        used before its definition": gpt2's Q/K/V projection), so TupleGetItems after the
+        contraction keep it in the fallback, and so do prologues that compute (they would be
+        re-evaluated per operand load; unmeasured on CUDA).
+        """
+        schedule = self.schedule
+        if schedule not in ("contraction+reshape", "contraction+prologue"):
+            return schedule
+        if kind != "cuda" or self.tuple_items or self.prologue_compute:
+            return "fallback"
+        return "contraction"
 
 
-_NOT_LEARNED = ("boundary_sizes", "contraction_rank", "tuple_items", "op_work")
+_NOT_LEARNED = ("boundary_sizes", "contraction_rank", "tuple_items", "prologue_compute",
+                "op_work")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)
 
 
@@ -198,7 +211,9 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         boundary_sizes=tuple(ext_in.values()) + tuple(n.bytes_written for n in outputs),
         contraction_rank=max((len(n.outputs[0].shape) for n in nodes
                               if classes[n.name] == "contraction"), default=0),
-        tuple_items=sum(1 for n in nodes if n.kind == "tuple_get_item"),
+        tuple_items=sum(1 for n in nodes if n.kind == "tuple_get_item"
+                        and n.name not in prologue),
+        prologue_compute=sum(1 for p in prologue if classes[p] != "injective"),
         op_work=tuple((classes[n.name] == "contraction", n.flops, _elems(n))
                       for n in nodes if n.kind == "call_tir"),
         window_reductions=sum(1 for n in nodes if classes[n.name] == "reduction"
