@@ -2,6 +2,8 @@
 
 train: fit the learned model on every record and save it beside the database
     python scripts/eval_cost_model.py train
+refeature: recompute every row's features with the current schema (keeps the timings)
+    python scripts/eval_cost_model.py refeature
 measure: time the candidate groups of zoo models into tuning_logs/<target>/groups
     python scripts/eval_cost_model.py measure --size small --models mlp_gelu attention
 evaluate: for each zoo model held out, train the learned model on the others' records and
@@ -25,7 +27,9 @@ from tvm_costfuse import zoo
 from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _features_of, train, train_rows
 from tvm_costfuse.database import GroupDatabase, default_work_dir
-from tvm_costfuse.feedback import MeasureConfig, measure_model
+from tvm_costfuse.feedback import MeasureConfig, feature_row, measure_model
+from tvm_costfuse.graph import build_graph
+from tvm_costfuse.passes import prepare
 from tvm_costfuse.targets import for_target
 
 
@@ -44,6 +48,22 @@ def _measure(args) -> None:
             print(f"{model}: measured {s.measured}, failed {s.failed}, reused {s.reused}, "
                   f"unformable {s.unformable}, "
                   f"skipped {s.skipped} in {s.seconds:.0f} s", flush=True)
+
+
+def _refeature(args) -> None:
+    target = host_target()
+    db = GroupDatabase(args.work_dir or default_work_dir(target))
+    graphs = {}
+    rows = []
+    for row in db.rows():
+        model = row["model"]
+        if model not in graphs:
+            name, _, size = model.partition("@")
+            graphs[model] = build_graph(prepare(zoo.load(name, small=size == "small")[0],
+                                                target))
+        rows.append({**row, **feature_row(model, graphs[model], row["members"])})
+    db.rewrite_rows(rows)
+    print(f"recomputed the features of {len(rows)} rows of {len(graphs)} models")
 
 
 def _median(row: dict) -> float:
@@ -135,6 +155,8 @@ def main(argv=None) -> int:
     m.add_argument("--min-repeat-ms", type=int, default=30)
     m.add_argument("--timeout", type=float, default=120.0)
     m.add_argument("--work-dir", default=None)
+    r = sub.add_parser("refeature", help="recompute stored features with the current schema")
+    r.add_argument("--work-dir", default=None)
     t = sub.add_parser("train", help="train on every record and save xgb_model.json beside it")
     t.add_argument("--work-dir", default=None)
     e = sub.add_parser("evaluate", help="leave-one-model-out: analytical vs learned")
@@ -143,6 +165,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "measure":
         _measure(args)
+    elif args.cmd == "refeature":
+        _refeature(args)
     elif args.cmd == "train":
         work_dir = args.work_dir or default_work_dir(host_target())
         model = train(work_dir, for_target(host_target()))

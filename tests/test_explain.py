@@ -25,7 +25,8 @@ def test_report_is_json_and_covers_every_op_once(report) -> None:
     for g in report["groups"]:
         assert set(g["breakdown"]) >= {"launch", "memory", "compute", "spill"}
         assert g["predicted_s"] >= sum(g["breakdown"].values()) * 0.5 > 0
-        assert g["schedule"] in ("contraction", "reduction", "elementwise", "fallback")
+        assert g["schedule"] in ("contraction", "contraction+stream", "reduction", "elementwise",
+                                 "fallback")
 
 
 def test_every_decision_has_a_reason_and_accepted_ones_gain(report) -> None:

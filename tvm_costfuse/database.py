@@ -133,6 +133,19 @@ class GroupDatabase:
                                 "target": str(target), "workload_hash": workload_hash(func),
                                 "measured": True})
 
+    def rewrite_rows(self, rows: list[dict]) -> None:
+        """Replace the features log with ``rows`` (same order), atomically: a kill leaves the
+        old file or the new one, never half of each. For re-deriving features after the
+        schema grew; timings and the TVM database files are untouched."""
+        tmp = self.features_path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.features_path)
+        self._rows = list(rows)
+
     def append_row(self, row: dict) -> dict:
         """Append one features line and push it to disk before returning."""
         with open(self.features_path, "a") as f:

@@ -207,6 +207,13 @@ class _Runner:
             self.pool.shutdown()
 
 
+def feature_row(model: str, graph: OpGraph, members) -> dict:
+    """The features part of a group's database row: the learned vector and its context."""
+    f = group_features(graph, members)
+    return {"model": model, "members": list(members), "features": f.vector(),
+            "feature_names": list(FEATURE_NAMES), "context": f.context()}
+
+
 def measure_model(
     model: str,
     mod: tvm.IRModule,
@@ -267,12 +274,7 @@ def measure_model(
             if db.has_group(model, members):
                 summary.skipped += 1
                 continue
-            row = {
-                "model": model,
-                "members": list(members),
-                "features": group_features(graph, members).vector(),
-                "feature_names": list(FEATURE_NAMES),
-            }
+            row = feature_row(model, graph, members)
             try:
                 func = group_kernel(prep, graph, members)
             except Exception as err:  # noqa: BLE001 -- a group that cannot form one kernel

@@ -3,8 +3,9 @@
 time = launch + max(memory, compute) + (1 - overlap) * min(memory, compute)
 
 - memory: bytes crossing the group boundary once, each tensor at last-level-cache bandwidth
-  if it fits there, else at DRAM bandwidth; intermediates are free only when the group's schedule keeps them on chip
-  (the fallback schedule materializes them: 2x their bytes), plus spill traffic;
+  if it fits there, else at DRAM bandwidth; intermediates are free only when the group's
+  schedule keeps them on chip (the fallback and the CPU contraction rule's streamed prologue
+  and epilogue passes materialize them: 2x their bytes), plus spill traffic;
 - compute: FLOPs (plus recomputation of inlined producers) at the rate of the schedule class,
   scaled by the parallelism the group exposes (output elements vs cores x lanes or SMs x warps);
 - registers: live values per thread (CUDA) or vector registers per loop body (CPU); over the
@@ -24,7 +25,8 @@ from .features import GroupFeatures
 # ~30% of peak without tuning; elementwise/reduction loops are bound by memory, their compute
 # runs at vector rate with transcendental calls (erf, exp ~20 instructions each).
 _EFF = {
-    "cpu": {"contraction": 0.30, "reduction": 0.05, "elementwise": 0.05, "fallback": 0.05},
+    "cpu": {"contraction": 0.30, "contraction+stream": 0.30, "reduction": 0.05,
+            "elementwise": 0.05, "fallback": 0.05},
     # dlight: SIMT matmul tiles reach ~50% of FP32 peak; others are memory bound.
     "cuda": {"contraction": 0.50, "reduction": 0.10, "elementwise": 0.10, "fallback": 0.10},
 }
@@ -70,7 +72,7 @@ def registers(f: GroupFeatures, target) -> tuple[int, int]:
         base = _CUDA_BASE_REGS[f.schedule_on("cuda")]
         need = base + _CUDA_REGS_PER_LIVE * f.live_values + _CUDA_REGS_PER_ACC * f.accumulators
         return int(need), max(0, int(need) - target.regs_per_thread)
-    contraction = f.schedule_on(target.kind) == "contraction"
+    contraction = f.schedule_on(target.kind).startswith("contraction")
     tile = int(_CPU_TILE_FRACTION * target.vector_regs) if contraction else 0
     need = tile + f.live_values + f.accumulators
     return need, max(0, need - target.vector_regs)
@@ -99,6 +101,35 @@ def _parallel_efficiency(elems: int, dtype_bytes: int, target) -> float:
     return min(1.0, max(elems, 1) / full)
 
 
+# Our CPU rules parallelize a loop nest only above these sizes (``schedules/_common.py``):
+# below, waking the thread pool costs more than the loop.
+_CPU_PARALLEL_ELEMS = 2048
+_CPU_PARALLEL_FMAS = 1 << 18
+
+
+def launch_seconds(f: GroupFeatures, target, schedule: str) -> float:
+    """Fixed cost of one kernel. CUDA: the launch. CPU: the VM's dispatch, plus one thread-pool
+    wake-up and join per parallel loop nest: a kernel whose loops are all too small to
+    parallelize pays dispatch only, and a kernel whose schedule leaves several nests (the
+    fallback; a contraction with a streamed prologue or epilogue pass) pays the pool per nest,
+    so fusing into it saves less than a whole launch."""
+    if target.kind == "cuda":
+        return target.launch_s
+    serial = target.launch_s_serial if target.launch_s_serial is not None else target.launch_s
+    work = f.op_work or ((f.contraction_flops > 0, f.flops, f.out_elems),)
+    parallel = any(flops / 2 >= _CPU_PARALLEL_FMAS if is_contraction
+                   else elems >= _CPU_PARALLEL_ELEMS
+                   for is_contraction, flops, elems in work)
+    if not parallel:
+        return serial
+    if schedule == "fallback":
+        heavy = f.n_contractions + f.n_reductions
+        nests = max(1, heavy + (1 if f.n_ops > heavy else 0))
+    else:
+        nests = 2 if schedule == "contraction+stream" else 1
+    return serial + nests * max(0.0, target.launch_s - serial)
+
+
 def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Estimate:
     """Analytical time of one kernel computing the group described by ``f`` on ``target``."""
     kind = "cuda" if target.kind == "cuda" else "cpu"
@@ -115,7 +146,10 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     sizes = f.boundary_sizes or (f.bytes_in, f.bytes_out)
     memory = sum(seconds_to_move(s) for s in sizes)
     schedule = f.schedule_on(kind)
-    if schedule == "fallback":  # intermediates materialize: written, then read
+    if schedule in ("fallback", "contraction+stream"):
+        # Intermediates materialize (written, then read): the fallback keeps every block; the
+        # CPU contraction rule streams its prologue into a packed operand and leaves an
+        # epilogue it cannot inline as its own pass.
         memory += 2 * seconds_to_move(f.bytes_internal)
     # Each spilled register is stored and reloaded once per output element.
     spill_bytes = 2 * 4 * over * f.out_elems
@@ -135,11 +169,12 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
         / _parallel_efficiency(elems, f.dtype_bytes, target)
         for is_contraction, flops, elems in work
     )
-    compute += f.recompute_flops / (peak * eff) / _parallel_efficiency(
-        f.out_elems, f.dtype_bytes, target)
+    if schedule != "contraction+stream":  # a packed prologue is computed once, not per use
+        compute += f.recompute_flops / (peak * eff) / _parallel_efficiency(
+            f.out_elems, f.dtype_bytes, target)
 
     body = max(memory, compute) + (1 - _OVERLAP) * min(memory, compute)
-    launch = target.launch_s
+    launch = launch_seconds(f, target, schedule)
     seconds = launch + body + spill
     breakdown = {"launch": launch, "memory": memory, "compute": compute, "spill": spill}
     return Estimate(seconds, breakdown, regs, spill_bytes, confidence=0.5)

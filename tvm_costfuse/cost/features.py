@@ -77,8 +77,9 @@ class GroupFeatures:
     window_reductions: int = 0  # pooling: overlapping windows, not one pass over an axis
     # Not part of the learned model's fixed-length vector: sizes of the tensors crossing the
     # boundary (where each is served from depends on its own size), the contraction's output
-    # rank, TupleGetItems outside the prologue, and prologue members that compute rather than
-    # move data (what a target's contraction rule can take).
+    # rank, extra tuple elements read from multi-output members outside the prologue (a split
+    # fans one tensor out into several; batch_norm's single used element does not), and
+    # prologue members that compute rather than move data (what a contraction rule can take).
     boundary_sizes: tuple[int, ...] = ()
     contraction_rank: int = 0
     tuple_items: int = 0
@@ -89,6 +90,27 @@ class GroupFeatures:
 
     def vector(self) -> list[float]:
         return [float(getattr(self, name)) for name in FEATURE_NAMES]
+
+    def context(self) -> dict:
+        """The fields outside :meth:`vector`, JSON-ready: stored beside the vector so that a
+        measured row re-prices exactly as the planner priced the group."""
+        return {name: getattr(self, name) for name in _NOT_LEARNED}
+
+    @classmethod
+    def from_row(cls, row: dict) -> GroupFeatures:
+        """The features a stored row was measured with, matched by name (the schema may have
+        grown since: a field the row lacks takes its default)."""
+        by_name = dict(zip(row["feature_names"], row["features"], strict=True))
+        context = row.get("context") or {}
+        values = {}
+        for f in fields(cls):
+            if f.name in context:
+                v = context[f.name]
+                values[f.name] = (tuple(tuple(x) if isinstance(x, list) else x for x in v)
+                                  if isinstance(v, list) else v)
+            elif f.name in by_name:
+                values[f.name] = (float if f.type in ("float", float) else int)(by_name[f.name])
+        return cls(**values)
 
     @property
     def schedule(self) -> str:
@@ -113,24 +135,33 @@ class GroupFeatures:
     def schedule_on(self, kind: str) -> str:
         """The schedule class on a target kind.
 
-        Our CPU contraction rule takes elementwise epilogues only: anything else lands in the
-        fallback (measured: gpt2_block with its transposes fused into the matmuls ran 13x
-        slower on CPU). dlight's Matmul rule inlines data-movement producers (transpose,
-        reshape, split) into its operand loads and keeps its tiled kernel for reshape and
-        transpose epilogues: ptxas reports the same 64 registers and 6912 B of shared memory
-        for gpt2_block's attention-projection matmul with and without its head-merging
-        transpose prologue, full and small shapes alike (``tests/test_compare.py`` compiles
-        the zoo). TVM 0.27 fails to lower a split epilogue ("matmul_intermediate_reindex is
-        used before its definition": gpt2's Q/K/V projection), so TupleGetItems after the
-        contraction keep it in the fallback, and so do prologues that compute (they would be
-        re-evaluated per operand load; unmeasured on CUDA).
+        A contraction with data-movement or elementwise producers (a prologue) or with a
+        reshaping epilogue keeps its contraction schedule on both targets, differently:
+
+        - CUDA: dlight's Matmul rule inlines data-movement producers (transpose, reshape,
+          split) into its operand loads and keeps its tiled kernel for reshape and transpose
+          epilogues (ptxas: gpt2_block's projection matmul uses 64 registers and 6912 B of
+          shared memory with and without its head-merging transpose prologue, full and small
+          shapes; ``tests/test_compare.py`` compiles the zoo). Computing prologues would be
+          re-evaluated per operand load (unmeasured on CUDA): fallback.
+        - CPU (``contraction+stream``): our rule keeps producers as one streamed packing pass
+          (a conv's pad absorbs a BN + ReLU prologue) and an epilogue it cannot inline as a
+          separate pass, so those intermediates still reach memory; measured fused/unfused
+          0.78-1.03 (mobilenetv2 BN+ReLU -> conv, bert/gpt2 transposes; features.jsonl).
+        - Both: a split epilogue (several elements of one tuple read after the contraction;
+          ``tuple_items``) lands in the fallback:
+          TVM 0.27 fails to lower it on CUDA ("matmul_intermediate_reindex is used before
+          its definition") and our CPU rule declines a contraction with several consumers
+          (measured 54x slower: gpt2_block's Q/K/V projection).
         """
         schedule = self.schedule
         if schedule not in ("contraction+reshape", "contraction+prologue"):
             return schedule
-        if kind != "cuda" or self.tuple_items or self.prologue_compute:
+        if self.tuple_items:
             return "fallback"
-        return "contraction"
+        if kind == "cuda":
+            return "fallback" if self.prologue_compute else "contraction"
+        return "contraction+stream"
 
 
 _NOT_LEARNED = ("boundary_sizes", "contraction_rank", "tuple_items", "prologue_compute",
@@ -211,8 +242,9 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         boundary_sizes=tuple(ext_in.values()) + tuple(n.bytes_written for n in outputs),
         contraction_rank=max((len(n.outputs[0].shape) for n in nodes
                               if classes[n.name] == "contraction"), default=0),
-        tuple_items=sum(1 for n in nodes if n.kind == "tuple_get_item"
-                        and n.name not in prologue),
+        tuple_items=sum(max(0, sum(graph[r].kind == "tuple_get_item"
+                                   for r in graph.consumers.get(n.name, ())) - 1)
+                        for n in nodes if n.name not in prologue and len(n.outputs) > 1),
         prologue_compute=sum(1 for p in prologue if classes[p] != "injective"),
         op_work=tuple((classes[n.name] == "contraction", n.flops, _elems(n))
                       for n in nodes if n.kind == "call_tir"),

@@ -42,16 +42,39 @@ FALLBACK_CONFIDENCE = 0.1
 MODEL_FILE = "xgb_model.json"
 META_FILE = "xgb_model.meta.json"
 _FAILED = 1e9  # run_secs at or above this are failed records (meta-schedule writes 1e10)
-_SCHEDULES = ("contraction", "reduction", "elementwise", "fallback")
+_SCHEDULES = ("contraction", "contraction+stream", "reduction", "elementwise", "fallback")
 _TERMS = ("launch", "memory", "compute", "spill")
 _PARAMS = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.08, "subsample": 0.9,
            "colsample_bytree": 0.9, "min_child_weight": 1.0, "seed": 0, "nthread": 1}
 _ROUNDS = 300
 
 
+# Ratios trees cannot form from the raw features (each split sees one feature): work per
+# output element separates a depthwise conv (9 MACs per output) from a dense one (9 x C) and
+# a matmul (K); arithmetic intensity and the share of bytes kept inside the group say how
+# memory-bound the kernel is and how much fusion can save.
+_RATIOS = (("flops", "out_elems"), ("contraction_flops", "out_elems"),
+           ("flops", "bytes_io"), ("bytes_internal", "bytes_io"))
+
+
 def input_names() -> list[str]:
     return ([f"log1p_{n}" for n in FEATURE_NAMES] + [f"is_{s}" for s in _SCHEDULES]
-            + ["log_analytical"] + [f"log_{t}" for t in _TERMS])
+            + ["log_analytical"] + [f"log_{t}" for t in _TERMS]
+            + [f"log1p_{a}_per_{b}" for a, b in _RATIOS])
+
+
+def _margin(x: np.ndarray) -> np.ndarray:
+    """The analytical log-time column: the trees start from it (XGBoost's base margin) and
+    learn the correction, so a group unlike the training data keeps the analytical answer
+    instead of the nearest leaf's absolute time (kernel times span 10 ns to seconds)."""
+    return x[:, input_names().index("log_analytical")]
+
+
+def _ratio(f: GroupFeatures, a: str, b: str) -> float:
+    def value(name: str) -> float:
+        return float(f.bytes_in + f.bytes_out if name == "bytes_io" else getattr(f, name))
+
+    return math.log1p(max(0.0, value(a)) / max(1.0, value(b)))
 
 
 def _inputs(f: GroupFeatures, target) -> tuple[np.ndarray, Estimate]:
@@ -60,16 +83,12 @@ def _inputs(f: GroupFeatures, target) -> tuple[np.ndarray, Estimate]:
     row += [1.0 if f.schedule_on(target.kind) == s else 0.0 for s in _SCHEDULES]
     row += [math.log(max(est.seconds, 1e-12))]
     row += [math.log(max(est.breakdown.get(t, 0.0), 1e-12)) for t in _TERMS]
+    row += [_ratio(f, a, b) for a, b in _RATIOS]
     return np.asarray(row, dtype=np.float64), est
 
 
 def _features_of(row: dict) -> GroupFeatures:
-    """GroupFeatures from a stored row, matched by name (the schema may have grown since)."""
-    by_name = dict(zip(row["feature_names"], row["features"], strict=True))
-    known = GroupFeatures.__dataclass_fields__
-    return GroupFeatures(**{n: type_(by_name.get(n, 0)) for n, type_ in
-                            ((n, float if known[n].type in ("float", float) else int)
-                             for n in FEATURE_NAMES)})
+    return GroupFeatures.from_row(row)
 
 
 def rows_to_dataset(rows: Iterable[dict], target) -> tuple[np.ndarray, np.ndarray]:
@@ -130,7 +149,9 @@ class LearnedModel:
                             est.spill_bytes, FALLBACK_CONFIDENCE)
         import xgboost as xgb
 
-        seconds = math.exp(float(self.booster.predict(xgb.DMatrix(x[None, :]))[0]))
+        xs = x[None, :]
+        seconds = math.exp(float(self.booster.predict(
+            xgb.DMatrix(xs, base_margin=_margin(xs)))[0]))
         return Estimate(seconds, {"learned": seconds, "analytical": est.seconds},
                         est.registers, est.spill_bytes, LEARNED_CONFIDENCE)
 
@@ -178,7 +199,8 @@ def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS) -> 
     models = sorted({r["model"] for r in rows})
     if len(y) == 0:
         return LearnedModel(None, 0, models=models, min_records=min_records)
-    booster = xgb.train(_PARAMS, xgb.DMatrix(x, label=y), num_boost_round=_ROUNDS)
+    booster = xgb.train(_PARAMS, xgb.DMatrix(x, label=y, base_margin=_margin(x)),
+                        num_boost_round=_ROUNDS)
     return LearnedModel(booster, len(y), x.min(axis=0), x.max(axis=0), models, min_records)
 
 

@@ -1,0 +1,90 @@
+"""Group features: which schedule class a group lands in per target, the CPU launch cost that
+follows from it, and rows that re-price exactly as the planner priced them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conftest import prepared
+
+from tvm_costfuse.cost.analytical import estimate, launch_seconds
+from tvm_costfuse.cost.features import GroupFeatures, group_features
+from tvm_costfuse.database import GroupDatabase
+from tvm_costfuse.feedback import feature_row
+from tvm_costfuse.graph import build_graph
+from tvm_costfuse.targets import host, preset
+
+HOST = host(num_cores=2, calibration=False)
+H200 = preset("h200")
+
+
+def _graph(name: str):
+    return build_graph(prepared(name)[0])
+
+
+def test_transpose_prologue_is_a_contraction_on_cuda_and_streamed_on_cpu() -> None:
+    g = _graph("attention")  # K^T = permute_dims(k) feeds the scores matmul
+    f = group_features(g, ["permute_dims", "matmul"])
+    assert f.prologue_ops == 1 and f.prologue_compute == 0 and f.tuple_items == 0
+    assert f.schedule == "contraction+prologue"
+    assert f.schedule_on("cuda") == "contraction"
+    assert f.schedule_on("cpu") == "contraction+stream"
+
+
+def test_split_epilogue_falls_back_but_batch_norm_epilogue_does_not() -> None:
+    gpt2 = _graph("gpt2_block")
+    split = ["matmul", "add", "split", "split_0", "split_1", "split_2"]
+    f = group_features(gpt2, split)
+    assert f.tuple_items == 2  # three elements of one tuple read after the contraction
+    assert f.schedule_on("cuda") == f.schedule_on("cpu") == "fallback"
+    conv = _graph("conv_bn_relu")
+    f = group_features(conv, ["conv2d", "batch_norm", "bn", "relu"])
+    assert f.tuple_items == 0  # batch_norm's moving mean/var outputs are never read
+    assert f.schedule_on("cpu") == "contraction+stream"
+
+
+def test_computing_prologue_stays_in_the_fallback_on_cuda() -> None:
+    g = _graph("conv_bn_relu")
+    f = dataclasses.replace(group_features(g, ["conv2d"]), prologue_ops=1, prologue_compute=1)
+    assert f.schedule_on("cuda") == "fallback"
+    assert f.schedule_on("cpu") == "contraction+stream"
+
+
+def test_cpu_launch_pays_the_thread_pool_per_parallel_nest_only() -> None:
+    f = group_features(_graph("rmsnorm"), ["add"])
+    serial = dataclasses.replace(f, op_work=((False, 100.0, 100),))
+    parallel = dataclasses.replace(f, op_work=((False, 1e6, 1 << 20),))
+    assert launch_seconds(serial, HOST, "elementwise") == HOST.launch_s_serial
+    assert launch_seconds(parallel, HOST, "elementwise") == HOST.launch_s
+    pool = HOST.launch_s - HOST.launch_s_serial
+    two = launch_seconds(parallel, HOST, "contraction+stream")
+    assert abs(two - (HOST.launch_s_serial + 2 * pool)) < 1e-12
+    assert launch_seconds(parallel, H200, "elementwise") == H200.launch_s
+
+
+def test_rows_reprice_exactly_after_a_round_trip(tmp_path) -> None:
+    g = _graph("gpt2_block")
+    members = ["matmul2", "permute_dims5", "reshape3"]
+    row = feature_row("gpt2_block@small", g, members)
+    db = GroupDatabase(tmp_path)
+    db.append_row({**row, "workload_hash": "x", "run_secs": [1e-6], "measured": True,
+                   "error": None, "target": "llvm"})
+    back = GroupFeatures.from_row(GroupDatabase(tmp_path).rows()[0])
+    f = group_features(g, members)
+    assert back == f
+    assert estimate(back, HOST).seconds == estimate(f, HOST).seconds
+    # A row written before the context existed still loads (context fields take defaults).
+    old = {k: v for k, v in row.items() if k != "context"}
+    assert GroupFeatures.from_row(old).vector() == f.vector()
+
+
+def test_rewrite_rows_replaces_the_log_atomically(tmp_path) -> None:
+    db = GroupDatabase(tmp_path)
+    for i in range(3):
+        db.append_row({"model": "m", "members": [f"op{i}"], "workload_hash": str(i),
+                       "run_secs": [1.0], "measured": True})
+    rows = db.rows()
+    db.rewrite_rows([{**r, "features": [float(i)]} for i, r in enumerate(rows)])
+    again = GroupDatabase(tmp_path).rows()
+    assert [r["features"] for r in again] == [[0.0], [1.0], [2.0]]
+    assert not list(tmp_path.glob("*.tmp"))
