@@ -89,6 +89,21 @@ def test_group_kernel_is_one_primfunc():
     assert len(ms.arg_info.ArgInfo.from_prim_func(func)) == 4
 
 
+def test_multi_output_kernel_is_timed_through_the_vm():
+    # gpt2's split hands three tensors on: the VM program must return all three, and a short
+    # kernel is timed per call of a chain (the chain's entry cost spread over its calls).
+    mod, _ = prepared("gpt2_block")
+    graph = build_graph(mod)
+    func, n_out = feedback.group_kernel_and_outputs(mod, graph, ("split",))
+    assert n_out == 3
+    _, n_fused = feedback.group_kernel_and_outputs(mod, graph, ("matmul", "add"))
+    assert n_fused == 1
+    target = host_target()
+    scheduled, _ = feedback.schedule_kernel(func, target)
+    secs = build_and_time(tvm.ir.save_json(scheduled), target.export(), 1, 2, 5, n_out)
+    assert len(secs) == 2 and all(0 < s < 1e-3 for s in secs)
+
+
 def test_tune_command_measures_retrains_and_replans(tmp_path, capsys):
     from tvm_costfuse.cli import main
 

@@ -4,8 +4,9 @@ For a model and a target, every merge decision of ``planner.plan_greedy`` names 
 (``left``, ``right``); the candidates are both parts and their union. Each candidate is built
 exactly as the fused model would build it -- ``apply_partition`` with that one group, ``FuseTIR``
 (or the op's own PrimFunc for a one-op group) -- scheduled with our CPU rules, compiled alone and
-timed with ``time_evaluator`` on random inputs (one warm-up call, then ``repeat`` samples of at
-least ``min_repeat_ms`` each).
+called from Relax VM functions (what the kernel pays inside a model: dispatch, output
+allocation, thread-pool wake-up; short kernels as a chain of calls) and timed with ``time_evaluator`` on random inputs (one warm-up
+call, then ``repeat`` samples of at least ``min_repeat_ms`` each).
 
 Build and run happen in a worker process (TVM's ``PopenPoolExecutor``) under a timeout, as
 meta-schedule's LocalBuilder/LocalRunner do: a crash, an exception or a timeout becomes a failed
@@ -80,15 +81,26 @@ def group_kernel(prepared: tvm.IRModule, graph: OpGraph, members: Iterable[str]
                  ) -> tvm.tirx.PrimFunc:
     """The one PrimFunc that computes ``members``: FuseTIR's output for a group of two or more
     call_tir bindings, the op's own PrimFunc for one."""
+    return group_kernel_and_outputs(prepared, graph, members)[0]
+
+
+def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: Iterable[str]
+                             ) -> tuple[tvm.tirx.PrimFunc, int]:
+    """:func:`group_kernel` and how many of its trailing parameters are outputs
+    (destination-passing style: inputs first, then outputs)."""
+    members = list(members)
     calls = [n for n in members if graph[n].kind == "call_tir"]
     if len(calls) == 1:
-        return prepared[graph[calls[0]].prim_func]
-    grouped = apply_partition(prepared, [list(members)], graph.func_name)
+        node = graph[calls[0]]
+        return prepared[node.prim_func], len(node.outputs)
+    grouped = apply_partition(prepared, [members], graph.func_name)
     names = [gv.name_hint for gv, f in grouped.functions.items()
              if isinstance(f, relax.Function) and "Primitive" in (f.attrs or {})]
     if len(names) != 1:
-        raise ValueError(f"group {list(members)} made {len(names)} grouped functions, not 1")
-    return relax.transform.FuseTIR()(grouped)[names[0]]
+        raise ValueError(f"group {members} made {len(names)} grouped functions, not 1")
+    ret = grouped[names[0]].ret_ty
+    n_out = len(ret.fields) if isinstance(ret, relax.TupleType) else 1
+    return relax.transform.FuseTIR()(grouped)[names[0]], n_out
 
 
 def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
@@ -105,22 +117,52 @@ def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     return func, tvm.s_tir.Schedule(func).trace
 
 
-def _compile_kernel(func_json: str, target_json: dict):
-    """(executable, PrimFunc, entry name) of one scheduled PrimFunc built alone."""
+# A kernel under this long per call is timed as CHAIN calls in one VM function, per call =
+# total / CHAIN: the function's own entry and return are then paid once per chain, as a model
+# pays them once for all its kernels (what calibrate's launch figure measures the same way).
+CHAIN = 8
+CHAIN_BELOW_S = 1e-3
+
+
+def _compile_kernel(func_json: str, target_json: dict, n_out: int):
+    """(VM executable, PrimFunc) of one scheduled PrimFunc called from Relax functions
+    ``main`` (one call) and ``chain`` (:data:`CHAIN` independent calls). Timed through the VM,
+    a kernel pays what it pays inside a model -- dispatch, output allocation from the pooled
+    allocator, thread-pool wake-up -- so fused-vs-unfused comparisons see the per-kernel cost
+    that fusion saves."""
     import tvm as _tvm  # noqa: PLC0415 (worker process)
+    from tvm import relax as _relax  # noqa: PLC0415
+    from tvm.s_tir import meta_schedule as _ms  # noqa: PLC0415
+
+    from tvm_costfuse.passes import build_pipeline  # noqa: PLC0415
 
     func = _tvm.ir.load_json(func_json)
-    name = "kernel"
     try:
-        module = _tvm.IRModule({name: func.with_attr("global_symbol", name)})
-        return _tvm.compile(module, _tvm.target.Target(target_json)), func, name
+        infos = _ms.arg_info.ArgInfo.from_prim_func(func)
+        if not 0 < n_out <= len(infos):
+            raise ValueError(f"{n_out} outputs of a kernel with {len(infos)} parameters")
+        types = [_relax.TensorType([int(d) for d in i.shape], str(i.dtype)) for i in infos]
+        outs = types[-n_out:]
+        bb = _relax.BlockBuilder()
+        kernel = bb.add_func(func.with_attr("global_symbol", "kernel"), "kernel")
+        for name, calls in (("main", 1), ("chain", CHAIN)):
+            params = [_relax.Var(f"arg{i}", t) for i, t in enumerate(types[:-n_out])]
+            with bb.function(name, params):
+                results = [bb.emit(_relax.call_tir(kernel, params, outs if n_out > 1 else outs[0]))
+                           for _ in range(calls)]
+                bb.emit_func_output(results[0] if calls == 1 else _relax.Tuple(results))
+        target = _tvm.target.Target(target_json)
+        return _tvm.compile(bb.get(), target, relax_pipeline=build_pipeline(target)), func
     except Exception as err:  # noqa: BLE001 -- any build error is a measured outcome
         raise RuntimeError(f"build: {type(err).__name__}: {err}") from None
 
 
-def _time_on(run_mod, func, name: str, dev, number: int, repeat: int,
+def _time_on(vm, func, n_out: int, dev, number: int, repeat: int,
              min_repeat_ms: int) -> list[float]:
-    """Random inputs of the buffer shapes on ``dev``, one warm-up call, then the timer."""
+    """Random inputs of the buffer shapes on ``dev``, one warm-up call, then the timer (per
+    call: short kernels run as a chain of :data:`CHAIN` calls)."""
+    import time  # noqa: PLC0415
+
     import numpy as np  # noqa: PLC0415
     import tvm as _tvm  # noqa: PLC0415
     from tvm.s_tir import meta_schedule as _ms  # noqa: PLC0415
@@ -128,52 +170,62 @@ def _time_on(run_mod, func, name: str, dev, number: int, repeat: int,
     try:
         rng = np.random.default_rng(0)
         args = []
-        for info in _ms.arg_info.ArgInfo.from_prim_func(func):
+        for info in _ms.arg_info.ArgInfo.from_prim_func(func)[:-n_out]:
             shape = [int(d) for d in info.shape]
             dtype = str(info.dtype)
             value = (rng.standard_normal(shape).astype(dtype) if "float" in dtype
                      else rng.integers(0, 2, shape).astype(dtype))
             args.append(_tvm.runtime.tensor(value, dev))
-        run_mod[name](*args)  # warm-up
-        timer = run_mod.time_evaluator(name, dev, number=number, repeat=repeat,
-                                       min_repeat_ms=min_repeat_ms)
-        return [float(s) for s in timer(*args).results]
+        start = time.perf_counter()
+        vm["main"](*args)  # warm-up (and a rough duration)
+        chain = time.perf_counter() - start < CHAIN_BELOW_S
+        name, calls = ("chain", CHAIN) if chain else ("main", 1)
+        vm[name](*args)
+        timer = vm.time_evaluator(name, dev, number=number, repeat=repeat,
+                                  min_repeat_ms=min_repeat_ms)
+        return [float(s) / calls for s in timer(*args).results]
     except Exception as err:  # noqa: BLE001
         raise RuntimeError(f"run: {type(err).__name__}: {err}") from None
 
 
 def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
-                   min_repeat_ms: int) -> list[float]:
-    """Compile one scheduled PrimFunc alone and time it here (runs in the worker process).
+                   min_repeat_ms: int, n_out: int = 1) -> list[float]:
+    """Compile one scheduled PrimFunc into VM programs calling it and time it here (runs in
+    the worker process).
 
     Raises RuntimeError whose message starts with ``build:`` or ``run:``.
     """
     import tvm as _tvm  # noqa: PLC0415 (worker process)
+    from tvm import relax as _relax  # noqa: PLC0415
 
-    ex, func, name = _compile_kernel(func_json, target_json)
-    return _time_on(ex.mod, func, name, _tvm.cpu(), number, repeat, min_repeat_ms)
+    ex, func = _compile_kernel(func_json, target_json, n_out)
+    dev = _tvm.cpu()
+    return _time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number, repeat,
+                    min_repeat_ms)
 
 
 def build_and_time_rpc(func_json: str, target_json: dict, number: int, repeat: int,
-                       min_repeat_ms: int, tracker: str) -> list[float]:
+                       min_repeat_ms: int, tracker: str, n_out: int = 1) -> list[float]:
     """Compile here, run on an RPC server that a tracker (``host:port:key``) hands out."""
     import os  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
+    from tvm import relax as _relax  # noqa: PLC0415
     from tvm import rpc  # noqa: PLC0415
 
     host, port, key = tracker.rsplit(":", 2)
-    ex, func, name = _compile_kernel(func_json, target_json)
+    ex, func = _compile_kernel(func_json, target_json, n_out)
     try:
         session = rpc.connect_tracker(host, int(port)).request(key, session_timeout=120)
     except Exception as err:  # noqa: BLE001
         raise RuntimeError(f"run: no RPC server for key {key!r} at {host}:{port}: {err}") from None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.so")
-        ex.mod.export_library(path)
+        ex.export_library(path)
         session.upload(path)
-    return _time_on(session.load_module("kernel.so"), func, name, session.cpu(), number,
-                    repeat, min_repeat_ms)
+    dev = session.cpu()
+    vm = _relax.VirtualMachine(session.load_module("kernel.so"), dev)
+    return _time_on(vm, func, n_out, dev, number, repeat, min_repeat_ms)
 
 
 class _Runner:
@@ -186,12 +238,13 @@ class _Runner:
 
             self.pool = PopenPoolExecutor(max_workers=1, timeout=config.timeout_s)
 
-    def __call__(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target
+    def __call__(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target, n_out: int = 1
                  ) -> tuple[list[float], str | None]:
         c = self.config
         args = (tvm.ir.save_json(func), target.export(), c.number, c.repeat, c.min_repeat_ms)
         if c.rpc_tracker is not None:
             args = (*args, c.rpc_tracker)
+        args = (*args, n_out)
         try:
             if self.pool is None:
                 return self.fn(*args), None
@@ -276,7 +329,7 @@ def measure_model(
                 continue
             row = feature_row(model, graph, members)
             try:
-                func = group_kernel(prep, graph, members)
+                func, n_out = group_kernel_and_outputs(prep, graph, members)
             except Exception as err:  # noqa: BLE001 -- a group that cannot form one kernel
                 summary.unformable += 1
                 summary.errors.append(f"{members}: fuse: {err}")
@@ -291,7 +344,7 @@ def measure_model(
                 summary.reused += 1
                 continue
             scheduled, trace = schedule_kernel(func, target)
-            run_secs, error = runner(scheduled, target)
+            run_secs, error = runner(scheduled, target, n_out)
             db.commit(func, trace, run_secs, target, {**row, "error": error})
             if error:
                 summary.failed += 1
