@@ -25,6 +25,7 @@ from tvm_costfuse.schedules import host_target
 
 from tvm_costfuse import zoo
 from tvm_costfuse.measure import geomean, max_mismatch, run
+from tvm_costfuse.compare import split_strategy
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
 
 try:
@@ -105,7 +106,9 @@ def _ratio_line(times: dict[str, list[float]], num: str, den: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=None, help="zoo names (default: all)")
-    ap.add_argument("--strategies", nargs="*", default=list(STRATEGIES))
+    ap.add_argument("--strategies", nargs="*", default=list(STRATEGIES),
+                    help="fusion strategies; costfuse-xgb plans with the learned model trained "
+                         "in tuning_logs/ for this CPU")
     ap.add_argument("--small", action="store_true", help="the zoo's small shapes")
     ap.add_argument("--cores", type=int, default=None, help="num-cores of the target")
     ap.add_argument("--repeat", type=int, default=7)
@@ -119,7 +122,10 @@ def main() -> None:
     args = ap.parse_args()
     target = host_target(args.cores)
     names = args.models or zoo.names()
-    pipelines = {s: strategy_pipeline(s, target) for s in args.strategies}
+    pipelines = {}
+    for s in args.strategies:
+        name, config = split_strategy(s) if s == "costfuse-xgb" else (s, {})
+        pipelines[s] = strategy_pipeline(name, target, **config)
     if args.tuned is not None:
         from tvm_costfuse.tuning import tuned_pipeline
 
@@ -130,7 +136,7 @@ def main() -> None:
         f"target {target}  small={args.small}  repeat={args.repeat}  "
         f"torch={torch.__version__ if with_torch else 'no'}"
     )
-    print(f"{'model':<18}" + "".join(f"{c + ' ms':>13}" for c in columns) + "  tvm err  torch err")
+    print(f"{'model':<18}" + "".join(f"{c + ' ms':>16}" for c in columns) + "  tvm err  torch err")
     times: dict[str, list[float]] = {c: [] for c in columns}
     for name in names:
         mod, inputs = zoo.load(name, small=args.small)
@@ -150,7 +156,7 @@ def main() -> None:
             times[c].append(t[c])
         print(
             f"{name:<18}"
-            + "".join(f"{t[c] * 1e3:>13.3f}" for c in columns)
+            + "".join(f"{t[c] * 1e3:>16.3f}" for c in columns)
             + f"  {err:7.2g}  {torch_err:9.2g}",
             flush=True,
         )

@@ -40,7 +40,16 @@ def test_split_epilogue_falls_back_but_batch_norm_epilogue_does_not() -> None:
     conv = _graph("conv_bn_relu")
     f = group_features(conv, ["conv2d", "batch_norm", "bn", "relu"])
     assert f.tuple_items == 0  # batch_norm's moving mean/var outputs are never read
-    assert f.schedule_on("cpu") == "contraction+stream"
+    assert f.reshaping_ops == 0  # batch_norm computes: an elementwise epilogue, not a reshape
+    assert f.schedule_on("cpu") == f.schedule_on("cuda") == "contraction"
+
+
+def test_transpose_epilogue_keeps_the_tile_on_cuda_but_falls_back_on_cpu() -> None:
+    g = _graph("bert_layer")
+    f = group_features(g, ["matmul", "add", "reshape", "permute_dims1"])
+    assert f.reshaping_ops == 2 and f.schedule == "contraction+reshape"
+    assert f.schedule_on("cuda") == "contraction"
+    assert f.schedule_on("cpu") == "fallback"
 
 
 def test_computing_prologue_stays_in_the_fallback_on_cuda() -> None:
@@ -52,8 +61,8 @@ def test_computing_prologue_stays_in_the_fallback_on_cuda() -> None:
 
 def test_cpu_launch_pays_the_thread_pool_per_parallel_nest_only() -> None:
     f = group_features(_graph("rmsnorm"), ["add"])
-    serial = dataclasses.replace(f, op_work=((False, 100.0, 100),))
-    parallel = dataclasses.replace(f, op_work=((False, 1e6, 1 << 20),))
+    serial = dataclasses.replace(f, op_work=((False, 100.0, 100, False),))
+    parallel = dataclasses.replace(f, op_work=((False, 1e6, 1 << 20, False),))
     assert launch_seconds(serial, HOST, "elementwise") == HOST.launch_s_serial
     assert launch_seconds(parallel, HOST, "elementwise") == HOST.launch_s
     pool = HOST.launch_s - HOST.launch_s_serial

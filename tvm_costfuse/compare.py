@@ -126,7 +126,7 @@ def expand_models(models: Iterable[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- strategies
-def _split(strategy: str) -> tuple[str, dict]:
+def split_strategy(strategy: str) -> tuple[str, dict]:
     """``costfuse-xgb`` -> ("costfuse", {"cost_model": "xgb"}); unknown names raise."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
@@ -152,7 +152,7 @@ def _check_learned(desc: TargetDesc) -> None:
 def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
                     desc: TargetDesc) -> list[list[str]]:
     """The partition ``strategy`` fuses (groups of binding names), without building."""
-    base, config = _split(strategy)
+    base, config = split_strategy(strategy)
     cfg = FusionConfig.resolve(**config)
     if base == "none":
         return []
@@ -166,7 +166,7 @@ def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
 
 
 def _pipeline(strategy: str, desc: TargetDesc, target: tvm.target.Target):
-    base, config = _split(strategy)
+    base, config = split_strategy(strategy)
     # CostFuse gets the description itself: a bare sm_90 target would be priced as H100.
     return strategy_pipeline(base, target, cost_target=desc, **config)
 

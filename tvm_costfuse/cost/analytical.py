@@ -117,9 +117,8 @@ def launch_seconds(f: GroupFeatures, target, schedule: str) -> float:
         return target.launch_s
     serial = target.launch_s_serial if target.launch_s_serial is not None else target.launch_s
     work = f.op_work or ((f.contraction_flops > 0, f.flops, f.out_elems),)
-    parallel = any(flops / 2 >= _CPU_PARALLEL_FMAS if is_contraction
-                   else elems >= _CPU_PARALLEL_ELEMS
-                   for is_contraction, flops, elems in work)
+    parallel = any(w[1] / 2 >= _CPU_PARALLEL_FMAS if w[0] else w[2] >= _CPU_PARALLEL_ELEMS
+                   for w in work)
     if not parallel:
         return serial
     if schedule == "fallback":
@@ -164,10 +163,13 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     # Each op keeps its own loop's parallelism inside the kernel (fusing a scalar reduction
     # with a wide op does not parallelize the reduction).
     work = f.op_work or ((f.contraction_flops > 0, f.flops, f.out_elems),)
+    # An epilogue is computed in the contraction's register tile; a CPU prologue streams in its
+    # own elementwise loop nest (old rows have no prologue flag: 3-tuples).
+    stream_eff = _EFF[kind]["elementwise"] if schedule == "contraction+stream" else eff
     compute = sum(
-        flops / (contraction_rate if is_contraction else peak * eff)
-        / _parallel_efficiency(elems, f.dtype_bytes, target)
-        for is_contraction, flops, elems in work
+        w[1] / (contraction_rate if w[0] else peak * (stream_eff if w[3:4] == (True,) else eff))
+        / _parallel_efficiency(w[2], f.dtype_bytes, target)
+        for w in work
     )
     if schedule != "contraction+stream":  # a packed prologue is computed once, not per use
         compute += f.recompute_flops / (peak * eff) / _parallel_efficiency(

@@ -73,7 +73,7 @@ class GroupFeatures:
     accumulators: int  # reductions over one shared input, evaluated in one loop
     dtype_bytes: int
     prologue_ops: int = 0  # members that feed a contraction inside the group
-    reshaping_ops: int = 0  # injective members (transpose, reshape, split) outside a prologue
+    reshaping_ops: int = 0  # data-movement members (transpose, reshape, split) outside a prologue
     window_reductions: int = 0  # pooling: overlapping windows, not one pass over an axis
     # Not part of the learned model's fixed-length vector: sizes of the tensors crossing the
     # boundary (where each is served from depends on its own size), the contraction's output
@@ -84,9 +84,10 @@ class GroupFeatures:
     contraction_rank: int = 0
     tuple_items: int = 0
     prologue_compute: int = 0
-    # (is_contraction, FLOPs, output elements) per op: each op's loop keeps its own parallelism
-    # inside a fused kernel, so compute time is summed per op, not over the largest output.
-    op_work: tuple[tuple[bool, float, int], ...] = ()
+    # (is_contraction, FLOPs, output elements, in_prologue) per op: each op's loop keeps its own
+    # parallelism inside a fused kernel, so compute time is summed per op, not over the largest
+    # output; a prologue op runs in its own loop nest on CPU, not in the contraction's tile.
+    op_work: tuple[tuple, ...] = ()
 
     def vector(self) -> list[float]:
         return [float(getattr(self, name)) for name in FEATURE_NAMES]
@@ -144,10 +145,12 @@ class GroupFeatures:
           shared memory with and without its head-merging transpose prologue, full and small
           shapes; ``tests/test_compare.py`` compiles the zoo). Computing prologues would be
           re-evaluated per operand load (unmeasured on CUDA): fallback.
-        - CPU (``contraction+stream``): our rule keeps producers as one streamed packing pass
-          (a conv's pad absorbs a BN + ReLU prologue) and an epilogue it cannot inline as a
-          separate pass, so those intermediates still reach memory; measured fused/unfused
-          0.78-1.03 (mobilenetv2 BN+ReLU -> conv, bert/gpt2 transposes; features.jsonl).
+        - CPU: our rule keeps producers as one streamed packing pass (a conv's pad absorbs a
+          BN + ReLU prologue; ``contraction+stream``: those intermediates still reach memory;
+          measured fused/unfused 0.78-1.03 per kernel). A data-movement epilogue (transpose,
+          reshape) falls back: per kernel it measured neutral, but inside bert_layer each of
+          its three head-split/merge groups made the model slower (0.4, 1.1 and 2.2 ms of
+          22.5; ablation in docs/benchmarks.md).
         - Both: a split epilogue (several elements of one tuple read after the contraction;
           ``tuple_items``) lands in the fallback:
           TVM 0.27 fails to lower it on CUDA ("matmul_intermediate_reindex is used before
@@ -161,7 +164,8 @@ class GroupFeatures:
             return "fallback"
         if kind == "cuda":
             return "fallback" if self.prologue_compute else "contraction"
-        return "contraction+stream"
+        return "contraction+stream" if schedule == "contraction+prologue" and not (
+            self.reshaping_ops) else "fallback"
 
 
 _NOT_LEARNED = ("boundary_sizes", "contraction_rank", "tuple_items", "prologue_compute",
@@ -208,9 +212,13 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         uses = sum(graph[r].flops / 2 / max(1, _elems(n))
                    for r in graph.consumers.get(name, ()) if classes.get(r) == "contraction")
         recompute += n.flops * max(0.0, uses - 1)
+    # Data movement (transpose, reshape, split: injective, no arithmetic) after the contraction;
+    # batch_norm is injective too (it returns a tuple) but computes, and inlines like an
+    # elementwise epilogue.
     reshaping = sum(
         1 for n in nodes
-        if classes[n.name] == "injective" and n.name not in prologue
+        if classes[n.name] == "injective" and n.kind == "call_tir" and not n.flops
+        and n.name not in prologue
     )
 
     shared_reads: dict[str, int] = {}
@@ -246,7 +254,7 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
                                    for r in graph.consumers.get(n.name, ())) - 1)
                         for n in nodes if n.name not in prologue and len(n.outputs) > 1),
         prologue_compute=sum(1 for p in prologue if classes[p] != "injective"),
-        op_work=tuple((classes[n.name] == "contraction", n.flops, _elems(n))
+        op_work=tuple((classes[n.name] == "contraction", n.flops, _elems(n), n.name in prologue)
                       for n in nodes if n.kind == "call_tir"),
         window_reductions=sum(1 for n in nodes if classes[n.name] == "reduction"
                               and _is_window(n)),
