@@ -137,7 +137,7 @@ class GroupFeatures:
         """The schedule class on a target kind.
 
         A contraction with data-movement or elementwise producers (a prologue) or with a
-        reshaping epilogue keeps its contraction schedule on both targets, differently:
+        reshaping epilogue is scheduled differently per target:
 
         - CUDA: dlight's Matmul rule inlines data-movement producers (transpose, reshape,
           split) into its operand loads and keeps its tiled kernel for reshape and transpose
@@ -152,10 +152,10 @@ class GroupFeatures:
           its three head-split/merge groups made the model slower (0.4, 1.1 and 2.2 ms of
           22.5; ablation in docs/benchmarks.md).
         - Both: a split epilogue (several elements of one tuple read after the contraction;
-          ``tuple_items``) lands in the fallback:
-          TVM 0.27 fails to lower it on CUDA ("matmul_intermediate_reindex is used before
-          its definition") and our CPU rule declines a contraction with several consumers
-          (measured 54x slower: gpt2_block's Q/K/V projection).
+          ``tuple_items``) lands in the fallback: TVM 0.27 fails to lower it on CUDA
+          ("matmul_intermediate_reindex is used before its definition") and our CPU rule
+          declines a contraction with several consumers (measured 54x slower: gpt2_block's
+          Q/K/V projection).
         """
         schedule = self.schedule
         if schedule not in ("contraction+reshape", "contraction+prologue"):
