@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 
+from tvm_costfuse.schedules import host_target, schedule_pass
+
 from tvm_costfuse import zoo
 from tvm_costfuse.config import FusionConfig
 from tvm_costfuse.measure import build, interleaved_medians
 from tvm_costfuse.partition import ApplyPartition, fuseops_groups
 from tvm_costfuse.passes import prepare
-from tvm_costfuse.schedules import host_target, schedule_pass
 from tvm_costfuse.targets import for_target
 from tvm_costfuse.transform import plan_module
 

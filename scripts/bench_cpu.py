@@ -25,7 +25,6 @@ from tvm_costfuse.schedules import host_target
 
 from tvm_costfuse import zoo
 from tvm_costfuse.measure import geomean, max_mismatch, run
-from tvm_costfuse.compare import split_strategy
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
 
 try:
@@ -122,10 +121,7 @@ def main() -> None:
     args = ap.parse_args()
     target = host_target(args.cores)
     names = args.models or zoo.names()
-    pipelines = {}
-    for s in args.strategies:
-        name, config = split_strategy(s) if s == "costfuse-xgb" else (s, {})
-        pipelines[s] = strategy_pipeline(name, target, **config)
+    pipelines = {s: strategy_pipeline(s, target) for s in args.strategies}
     if args.tuned is not None:
         from tvm_costfuse.tuning import tuned_pipeline
 

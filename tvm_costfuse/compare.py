@@ -40,7 +40,7 @@ from .partition import fuseops_groups
 from .passes import prepare
 from .planner import plan_cost
 from .rules import rules_groups
-from .strategies import strategy_pipeline
+from .strategies import split_strategy, strategy_pipeline
 from .targets import TargetDesc, host, preset
 from .transform import plan_module
 
@@ -126,13 +126,11 @@ def expand_models(models: Iterable[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- strategies
-def split_strategy(strategy: str) -> tuple[str, dict]:
-    """``costfuse-xgb`` -> ("costfuse", {"cost_model": "xgb"}); unknown names raise."""
+def _split(strategy: str) -> tuple[str, dict]:
+    """:func:`strategies.split_strategy` for the strategies compare runs; others raise."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
-    if strategy == "costfuse-xgb":
-        return "costfuse", {"cost_model": "xgb"}
-    return strategy, {}
+    return split_strategy(strategy)
 
 
 def _check_learned(desc: TargetDesc) -> None:
@@ -152,7 +150,7 @@ def _check_learned(desc: TargetDesc) -> None:
 def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
                     desc: TargetDesc) -> list[list[str]]:
     """The partition ``strategy`` fuses (groups of binding names), without building."""
-    base, config = split_strategy(strategy)
+    base, config = _split(strategy)
     cfg = FusionConfig.resolve(**config)
     if base == "none":
         return []
@@ -166,7 +164,7 @@ def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
 
 
 def _pipeline(strategy: str, desc: TargetDesc, target: tvm.target.Target):
-    base, config = split_strategy(strategy)
+    base, config = _split(strategy)
     # CostFuse gets the description itself: a bare sm_90 target would be priced as H100.
     return strategy_pipeline(base, target, cost_target=desc, **config)
 

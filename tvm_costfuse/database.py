@@ -139,8 +139,7 @@ class GroupDatabase:
         schema grew; timings and the TVM database files are untouched."""
         tmp = self.features_path.with_suffix(".jsonl.tmp")
         with open(tmp, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row, sort_keys=True) + "\n")
+            f.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.features_path)

@@ -5,8 +5,9 @@ For a model and a target, every merge decision of ``planner.plan_greedy`` names 
 exactly as the fused model would build it -- ``apply_partition`` with that one group, ``FuseTIR``
 (or the op's own PrimFunc for a one-op group) -- scheduled with our CPU rules, compiled alone and
 called from Relax VM functions (what the kernel pays inside a model: dispatch, output
-allocation, thread-pool wake-up; short kernels as a chain of calls) and timed with ``time_evaluator`` on random inputs (one warm-up
-call, then ``repeat`` samples of at least ``min_repeat_ms`` each).
+allocation, thread-pool wake-up; short kernels as a chain of calls) and timed with
+``time_evaluator`` on random inputs (one warm-up call, then ``repeat`` samples of at least
+``min_repeat_ms`` each).
 
 Build and run happen in a worker process (TVM's ``PopenPoolExecutor``) under a timeout, as
 meta-schedule's LocalBuilder/LocalRunner do: a crash, an exception or a timeout becomes a failed
@@ -180,7 +181,8 @@ def _time_on(vm, func, n_out: int, dev, number: int, repeat: int,
         vm["main"](*args)  # warm-up (and a rough duration)
         chain = time.perf_counter() - start < CHAIN_BELOW_S
         name, calls = ("chain", CHAIN) if chain else ("main", 1)
-        vm[name](*args)
+        if chain:
+            vm[name](*args)  # the chain's own warm-up
         timer = vm.time_evaluator(name, dev, number=number, repeat=repeat,
                                   min_repeat_ms=min_repeat_ms)
         return [float(s) / calls for s in timer(*args).results]

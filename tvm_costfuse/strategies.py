@@ -4,7 +4,8 @@
   CUDA: FuseOps and dlight's rules);
 - ``none``: no fusion, our schedules; ``tvm``: FuseOps, our schedules;
 - ``rules``: pattern rules plus canonical patterns (``rules.RulesFuse``), our schedules;
-- ``costfuse``: the CostFuse pass, our schedules.
+- ``costfuse``: the CostFuse pass, our schedules; ``costfuse-xgb``: the same with the learned
+  cost model (needs one trained in ``tuning_logs/``).
 Every strategy but ``stock`` shares the schedules, so their differences are fusion alone.
 """
 
@@ -18,6 +19,13 @@ from .rules import RulesFuse
 from .transform import CostFuse
 
 STRATEGIES = ("stock", "none", "tvm", "rules", "costfuse")
+# Named variants: a strategy with fixed options (not in STRATEGIES: they need trained data).
+_VARIANTS = {"costfuse-xgb": ("costfuse", {"cost_model": "xgb"})}
+
+
+def split_strategy(strategy: str) -> tuple[str, dict]:
+    """``costfuse-xgb`` -> ("costfuse", {"cost_model": "xgb"}); other names as they are."""
+    return _VARIANTS.get(strategy, (strategy, {}))
 
 
 @tvm.transform.module_pass(opt_level=0, name="NoFusion")
@@ -48,6 +56,8 @@ def strategy_pipeline(strategy: str, target, cost_target=None, **config) -> tvm.
     from .schedules.cuda import cuda_pipeline
 
     target = tvm.target.Target(target)
+    strategy, variant = split_strategy(strategy)
+    config = {**variant, **config}
     if strategy == "stock":
         return relax.get_default_pipeline(target)
     fusion = fusion_pass(strategy, cost_target or target, **config)

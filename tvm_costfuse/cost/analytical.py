@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..schedules._common import MIN_PARALLEL_FMAS, MIN_PARALLEL_ITERS
 from .features import GroupFeatures
 
 # Fraction of peak FP32 each schedule class reaches. CPU: register-blocked contractions reach
@@ -101,10 +102,12 @@ def _parallel_efficiency(elems: int, dtype_bytes: int, target) -> float:
     return min(1.0, max(elems, 1) / full)
 
 
-# Our CPU rules parallelize a loop nest only above these sizes (``schedules/_common.py``):
-# below, waking the thread pool costs more than the loop.
-_CPU_PARALLEL_ELEMS = 2048
-_CPU_PARALLEL_FMAS = 1 << 18
+
+
+def _work(f: GroupFeatures) -> tuple[tuple, ...]:
+    """Per-op (is_contraction, FLOPs, output elements[, in_prologue]); one entry for the whole
+    group when the features carry no per-op split."""
+    return f.op_work or ((f.contraction_flops > 0, f.flops, f.out_elems),)
 
 
 def launch_seconds(f: GroupFeatures, target, schedule: str) -> float:
@@ -116,9 +119,9 @@ def launch_seconds(f: GroupFeatures, target, schedule: str) -> float:
     if target.kind == "cuda":
         return target.launch_s
     serial = target.launch_s_serial if target.launch_s_serial is not None else target.launch_s
-    work = f.op_work or ((f.contraction_flops > 0, f.flops, f.out_elems),)
-    parallel = any(w[1] / 2 >= _CPU_PARALLEL_FMAS if w[0] else w[2] >= _CPU_PARALLEL_ELEMS
-                   for w in work)
+    # The thresholds our CPU rules parallelize at (below them a loop nest stays serial).
+    parallel = any(w[1] / 2 >= MIN_PARALLEL_FMAS if w[0] else w[2] >= MIN_PARALLEL_ITERS
+                   for w in _work(f))
     if not parallel:
         return serial
     if schedule == "fallback":
@@ -162,14 +165,13 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
         contraction_rate = peak * _EFF[kind]["contraction"]
     # Each op keeps its own loop's parallelism inside the kernel (fusing a scalar reduction
     # with a wide op does not parallelize the reduction).
-    work = f.op_work or ((f.contraction_flops > 0, f.flops, f.out_elems),)
     # An epilogue is computed in the contraction's register tile; a CPU prologue streams in its
     # own elementwise loop nest (old rows have no prologue flag: 3-tuples).
     stream_eff = _EFF[kind]["elementwise"] if schedule == "contraction+stream" else eff
     compute = sum(
         w[1] / (contraction_rate if w[0] else peak * (stream_eff if w[3:4] == (True,) else eff))
         / _parallel_efficiency(w[2], f.dtype_bytes, target)
-        for w in work
+        for w in _work(f)
     )
     if schedule != "contraction+stream":  # a packed prologue is computed once, not per use
         compute += f.recompute_flops / (peak * eff) / _parallel_efficiency(

@@ -143,7 +143,7 @@ class GroupFeatures:
           split) into its operand loads and keeps its tiled kernel for reshape and transpose
           epilogues (ptxas: gpt2_block's projection matmul uses 64 registers and 6912 B of
           shared memory with and without its head-merging transpose prologue, full and small
-          shapes; ``tests/test_compare.py`` compiles the zoo). Computing prologues would be
+          shapes; ``tests/test_transform.py`` compiles the zoo). Computing prologues would be
           re-evaluated per operand load (unmeasured on CUDA): fallback.
         - CPU: our rule keeps producers as one streamed packing pass (a conv's pad absorbs a
           BN + ReLU prologue; ``contraction+stream``: those intermediates still reach memory;

@@ -98,15 +98,17 @@ def _features_of(row: dict) -> GroupFeatures:
     return GroupFeatures.from_row(row)
 
 
+def _usable(row: dict) -> bool:
+    """A row that measured successfully (the training data)."""
+    return not row.get("error") and any(s < _FAILED for s in row["run_secs"])
+
+
 def rows_to_dataset(rows: Iterable[dict], target) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, log median seconds) of the rows that measured successfully."""
     xs, ys = [], []
-    for row in rows:
-        secs = [s for s in row["run_secs"] if s < _FAILED]
-        if not secs or row.get("error"):
-            continue
+    for row in filter(_usable, rows):
         xs.append(_inputs(_features_of(row), target)[0])
-        ys.append(math.log(float(np.median(secs))))
+        ys.append(math.log(float(np.median([s for s in row["run_secs"] if s < _FAILED]))))
     width = len(input_names())
     return np.asarray(xs, dtype=np.float64).reshape(-1, width), np.asarray(ys)
 
@@ -202,8 +204,7 @@ def _architecture_weights(rows: Sequence[dict]) -> np.ndarray:
     its usable rows: a convnet with 50 blocks would otherwise outvote every other model, and
     what the trees learn must carry to the next architecture (leave-one-model-out: 0.84 ->
     0.86 decision accuracy)."""
-    arch = [r["model"].split("@")[0] for r in rows
-            if not r.get("error") and any(s < _FAILED for s in r["run_secs"])]
+    arch = [r["model"].split("@")[0] for r in filter(_usable, rows)]
     counts = Counter(arch)
     w = np.asarray([1.0 / counts[a] for a in arch])
     return w * len(w) / w.sum()
