@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from synthetic import random_dag  # noqa: E402  (the tests' generator: one definition)
+from synthetic import random_dag  # the tests' generator: one definition
 
-from tvm_costfuse import FusionConfig, plan_greedy  # noqa: E402
-from tvm_costfuse.targets import preset  # noqa: E402
+from tvm_costfuse import FusionConfig, plan_greedy
+from tvm_costfuse.targets import preset
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ def test_llvm_cells_are_measured_and_numerically_ok(run):
             assert c.numerics == "ok" and c.max_mismatch <= 1.0
             assert c.measured_s > 0 and 0 < c.roofline_fraction
             assert c.spill_bytes is not None  # LLVM spill count ran
+            assert c.launched_kernels == c.kernels  # the reported plan is the built one
 
 
 def test_cuda_cells_are_offline_with_registers(run):

@@ -97,3 +97,38 @@ def test_rewrite_rows_replaces_the_log_atomically(tmp_path) -> None:
     again = GroupDatabase(tmp_path).rows()
     assert [r["features"] for r in again] == [[0.0], [1.0], [2.0]]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_cpu_reduction_class_agrees_with_the_row_reduction_rule() -> None:
+    """Every candidate reduction group of two small synthetic programs, plus a layer norm with
+    its head split and transpose, and a reduction whose squared input is also an output: the
+    features say
+    ``reduction`` on CPU exactly when our row-reduction rule schedules the fused kernel (a
+    second output or a transpose after the reduction makes the rule decline: fallback)."""
+    from tvm_costfuse import FusionConfig, zoo
+    from tvm_costfuse.feedback import candidate_groups, group_kernel_and_outputs
+    from tvm_costfuse.passes import prepare
+    from tvm_costfuse.schedules import host_target
+    from tvm_costfuse.schedules.cpu import Contraction, RowReduction
+
+    target = host_target(2)
+    seen = set()
+    for name in ("synth-24", "synth-8"):  # sequence programs, (1, 32, 64) and (1, 128, 64)
+        mod = prepare(zoo.load(name)[0], target)
+        g = build_graph(mod)
+        extra = {"synth-8": [["layer_norm", "reshape", "permute_dims2"]],  # a transposed norm
+                 "synth-24": [["mul2", "mul3", "square2", "mean2"]]}[name]  # mul3 read outside
+        for members in candidate_groups(g, HOST, FusionConfig()) + extra:
+            f = group_features(g, members)
+            if f.schedule != "reduction" or len(members) < 2:
+                continue
+            try:
+                func, _ = group_kernel_and_outputs(mod, g, members)
+            except ValueError:  # not convex: no kernel to schedule
+                continue
+            assert Contraction().apply(func, target, False) is None
+            takes = RowReduction().apply(func, target, False) is not None
+            assert (f.schedule_on("cpu") == "reduction") == takes, (name, members)
+            assert f.schedule_on("cuda") == "reduction"
+            seen.add((takes, f.n_outputs > 1, f.moves_after_reduction > 0))
+    assert {(True, False, False), (False, True, False), (False, False, True)} <= seen

@@ -13,21 +13,15 @@ import time
 
 import numpy as np
 import tvm
-from tvm import relax
 
 from . import zoo
 from .config import FusionConfig
 from .graph import build_graph
-from .measure import assert_close, interleaved_medians, run
+from .measure import assert_close, interleaved_medians, kernel_calls, run
 from .partition import fuseops_groups
-from .passes import fuse, prepare
+from .passes import prepare
 from .schedules import host_target
-from .strategies import STRATEGIES, fusion_pass, strategy_pipeline
-
-
-def kernel_launches(mod: tvm.IRModule, fusion: tvm.transform.Pass, target) -> int:
-    """call_tir launches per inference after fusion and FuseTIR."""
-    return len(build_graph(fuse(mod, target, fusion)).call_tir_names())
+from .strategies import STRATEGIES, strategy_pipeline
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -39,8 +33,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         executables[name] = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(name, target))
         compile_s[name] = time.perf_counter() - start
-        fusion = relax.transform.FuseOps() if name == "stock" else fusion_pass(name, target)
-        kernels[name] = kernel_launches(mod, fusion, target)
+        kernels[name] = len(kernel_calls(executables[name], inputs))
     reference = run(executables["none"], inputs)
     for name, ex in executables.items():
         assert_close(run(ex, inputs), reference)  # raises, naming the output, if one is wrong
@@ -77,9 +70,9 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    import json  # noqa: PLC0415
+    import json
 
-    from .explain import draw, explain, format_text  # noqa: PLC0415
+    from .explain import draw, explain, format_text
 
     caps = {"max_chain_length": args.max_chain_length, "max_body_ops": args.max_body_ops,
             "register_budget": args.register_budget}
@@ -96,7 +89,7 @@ def _csv_list(text: str) -> list[str]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare, markdown_table  # noqa: PLC0415
+    from .compare import compare, markdown_table
 
     models = [m for spec in args.models for m in _csv_list(spec)]
     start = time.perf_counter()
@@ -113,15 +106,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     """Measure the planner's candidate groups (most consequential first: the greedy planner
     weighs merges in order of predicted gain), retrain the learned model, re-plan."""
-    from .cost.learned import train  # noqa: PLC0415 (xgboost loads only on demand)
-    from .database import default_work_dir  # noqa: PLC0415
-    from .feedback import MeasureConfig, measure_model  # noqa: PLC0415
-    from .targets import for_target  # noqa: PLC0415
-    from .planner import plan_greedy  # noqa: PLC0415
-    from .transform import plan_module  # noqa: PLC0415
+    from .cost.learned import train  # xgboost loads only on demand
+    from .database import default_work_dir
+    from .feedback import MeasureConfig, measure_model
+    from .planner import plan_greedy
+    from .targets import for_target
+    from .transform import plan_module
 
     try:
-        from tqdm import tqdm  # noqa: PLC0415
+        from tqdm import tqdm
     except ImportError:  # progress is a convenience: plain lines then
         tqdm = None
     target = host_target()
@@ -160,7 +153,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import main as calibrate_main  # noqa: PLC0415
+    from .calibrate import main as calibrate_main
 
     argv = ["--quick"] if args.quick else []
     argv += ["--cores", str(args.cores)] if args.cores else []

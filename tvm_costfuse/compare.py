@@ -2,8 +2,9 @@
 
 Per (model, strategy, target) one :class:`Cell`: kernels launched and bytes of intermediates
 written to global memory (``explain.kernels_of`` / ``explain.intermediate_bytes`` over the
-strategy's partition), the analytical model's predicted time for that partition
-(``planner.plan_cost``), the roofline bound of the model on the target, and -- where the target
+strategy's partition, planned once and built as planned with ``ApplyPartition``; on a measured
+target the kernels one run launches are counted and must match), the analytical model's
+predicted time for that partition (``planner.plan_cost``), the roofline bound of the model on the target, and -- where the target
 is present -- the measured time (all strategies of a model timed interleaved, ``measure``) with
 numerics checked against the ``none`` strategy. Register and spill figures come from the backend
 compilers: ptxas per CUDA kernel, LLVM's x86 spill comments per CPU kernel (``registers``).
@@ -35,8 +36,8 @@ from .config import FusionConfig, register_config_keys
 from .cost.features import group_features
 from .explain import intermediate_bytes, kernels_of
 from .graph import OpGraph, build_graph
-from .measure import interleaved_medians, max_mismatch, run
-from .partition import fuseops_groups
+from .measure import interleaved_medians, kernel_calls, max_mismatch, run
+from .partition import ApplyPartition, fuseops_groups
 from .passes import prepare
 from .planner import plan_cost
 from .rules import rules_groups
@@ -80,6 +81,7 @@ class Cell:
     measured_s: float | None = None
     roofline_fraction: float | None = None
     built_kernels: int | None = None
+    launched_kernels: int | None = None  # measured targets: kernel calls of one run of `main`
     max_registers: int | None = None
     spilling_kernels: int | None = None
     spill_bytes: int | None = None
@@ -136,7 +138,7 @@ def _split(strategy: str) -> tuple[str, dict]:
 def _check_learned(desc: TargetDesc) -> None:
     """Raise unless a trained learned model exists for ``desc`` (no silent training here)."""
     try:
-        from .cost import learned  # noqa: PLC0415
+        from .cost import learned
     except ImportError as err:
         raise RuntimeError(f"tvm_costfuse.cost.learned is not available: {err}") from err
     meta = learned.model_path(desc).parent / learned.META_FILE
@@ -163,10 +165,14 @@ def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
     return [list(g) for g in plan_module(prepared, desc, cfg).groups]
 
 
-def _pipeline(strategy: str, desc: TargetDesc, target: tvm.target.Target):
+def _pipeline(strategy: str, desc: TargetDesc, target: tvm.target.Target,
+              groups: list[list[str]]):
+    """The strategy's pipeline; a planned strategy builds the partition ``groups`` it was
+    reported with (planned once, by :func:`strategy_groups`), FuseOps and none run as they are."""
     base, config = _split(strategy)
+    fusion = ApplyPartition(groups) if base in ("rules", "costfuse") else None
     # CostFuse gets the description itself: a bare sm_90 target would be priced as H100.
-    return strategy_pipeline(base, target, cost_target=desc, **config)
+    return strategy_pipeline(base, target, cost_target=desc, fusion=fusion, **config)
 
 
 # ------------------------------------------------------------------------------- targets
@@ -184,7 +190,7 @@ class _Target:
 
 
 def _targets(names: Sequence[str], gpu: str, measure_cuda: bool | None) -> list[_Target]:
-    from .schedules import host_target  # noqa: PLC0415
+    from .schedules import host_target
 
     out = []
     for name in names:
@@ -215,8 +221,8 @@ def roofline(graph: OpGraph, desc: TargetDesc) -> tuple[float, int, float]:
 
 # ------------------------------------------------------------------------------ registers
 def _cuda_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
-    from .registers import find_nvcc, ptxas_report  # noqa: PLC0415
-    from .schedules.cuda import cuda_source, kernel_sources  # noqa: PLC0415
+    from .registers import find_nvcc, ptxas_report
+    from .schedules.cuda import cuda_source, kernel_sources
 
     kernels = list(kernel_sources(ex))
     if find_nvcc() is None:
@@ -231,7 +237,7 @@ def _cuda_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
 
 
 def _cpu_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
-    from .registers import cpu_spill_report  # noqa: PLC0415
+    from .registers import cpu_spill_report
 
     try:
         report = cpu_spill_report(ex)
@@ -292,7 +298,7 @@ def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> li
             start = time.perf_counter()
             with t.tvm_target:
                 ex = tvm.compile(mod, target=t.tvm_target,
-                                 relax_pipeline=_pipeline(s, t.desc, t.tvm_target))
+                                 relax_pipeline=_pipeline(s, t.desc, t.tvm_target, groups))
             base = replace(base, compile_s=time.perf_counter() - start)
             stage = "registers"
             regs, note = _cuda_regs(ex) if t.name == "cuda" else _cpu_regs(ex)
@@ -319,7 +325,7 @@ def _measure(cells: dict[str, Cell], built: dict, mod, inputs, t: _Target, repea
         if ref_ex is None:
             with t.tvm_target:
                 ref_ex = tvm.compile(mod, target=t.tvm_target,
-                                     relax_pipeline=_pipeline("none", t.desc, t.tvm_target))
+                                     relax_pipeline=_pipeline("none", t.desc, t.tvm_target, []))
         ref = run(ref_ex, inputs, t.device)
     except Exception as err:  # noqa: BLE001
         for s in built:
@@ -329,8 +335,14 @@ def _measure(cells: dict[str, Cell], built: dict, mod, inputs, t: _Target, repea
     for s, ex in built.items():
         try:
             out = run(ex, inputs, t.device)
+            launched = len(kernel_calls(ex, inputs, t.device))
         except Exception as err:  # noqa: BLE001
             cells[s] = replace(cells[s], error=f"run: {_error(err)}")
+            continue
+        cells[s] = replace(cells[s], launched_kernels=launched)
+        if launched != cells[s].kernels:  # the reported plan must be the built one
+            cells[s] = replace(cells[s], error=f"plan: reports {cells[s].kernels} kernels, the "
+                               f"built module launches {launched}")
             continue
         if ref is not None:
             err_ = max_mismatch(ref, out)
@@ -354,11 +366,11 @@ def _measure(cells: dict[str, Cell], built: dict, mod, inputs, t: _Target, repea
 def _progress(total: int, enabled: bool):
     """A tqdm bar (a plain counter on stderr when tqdm is missing)."""
     try:
-        from tqdm import tqdm  # noqa: PLC0415
+        from tqdm import tqdm
 
         return tqdm(total=total, disable=not enabled, unit="cell", dynamic_ncols=True)
     except ImportError:
-        import sys  # noqa: PLC0415
+        import sys
 
         class _Plain:
             n = 0
@@ -502,10 +514,10 @@ def plot_speedup(cells: Sequence[Cell], path: str | os.PathLike, target: str,
                  baseline: str = "tvm") -> str | None:
     """Grouped bars: speedup of each strategy over ``baseline`` per model on ``target``
     (measured, or predicted where the target was not measured)."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     sp = speedups(cells, baseline)
     keys = [k for k in sp if k[2] in (target, f"{target} (predicted)")]
@@ -537,10 +549,10 @@ def plot_registers(cells: Sequence[Cell], path: str | os.PathLike,
                    target: str = "cuda") -> str | None:
     """Registers per kernel (ptxas), one panel per model, one column of points per strategy;
     spilling kernels in red."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     chosen = [c for c in cells if c.target == target and c.ok
               and any(k.registers is not None for k in c.kernel_regs)]

@@ -29,10 +29,18 @@ def _target(target: str | TargetDesc) -> TargetDesc:
     return target if isinstance(target, TargetDesc) else preset(target)
 
 
+def is_view(graph: OpGraph, unit: Sequence[str]) -> bool:
+    """A unit of reshape-like ops only: TVM makes it a VM view (no kernel, no copy)."""
+    calls = [graph[n] for n in unit if graph[n].kind == "call_tir"]
+    return bool(calls) and all(n.view for n in calls)
+
+
 def kernels_of(graph: OpGraph, groups: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
-    """Every kernel a partition launches (groups, then ops left alone), members in order."""
+    """Every kernel a partition launches (groups, then ops left alone), members in order; a
+    unit of reshapes alone is a view, not a kernel (``is_view``)."""
     units = initial_units(graph, resolve_groups(graph, groups))
-    keyed = [tuple(sorted(u, key=lambda n: graph[n].index)) for u in units]
+    keyed = [tuple(sorted(u, key=lambda n: graph[n].index)) for u in units
+             if not is_view(graph, u)]
     return sorted(keyed, key=lambda k: graph[k[0]].index)
 
 
@@ -40,7 +48,8 @@ def intermediate_bytes(graph: OpGraph, kernels: Sequence[Sequence[str]]) -> int:
     """Bytes of tensors one kernel writes to global memory and another kernel reads.
 
     A tensor read only by the function's return, or only inside its own kernel, is not
-    counted. Reads through a TupleGetItem count against the tuple's producer.
+    counted. Reads through a TupleGetItem count against the tuple's producer, and so do reads
+    through a view (a reshape left alone: in no kernel of ``kernels_of``), which writes nothing.
     """
     owner = {n: i for i, k in enumerate(kernels) for n in k}
 
@@ -48,12 +57,14 @@ def intermediate_bytes(graph: OpGraph, kernels: Sequence[Sequence[str]]) -> int:
         for r in graph.consumers.get(name, ()):
             if graph[r].kind == "tuple_get_item" and owner.get(r) == owner.get(name):
                 yield from readers(r)
+            elif graph[r].kind == "call_tir" and r not in owner and graph[r].view:
+                yield from readers(r)
             elif graph[r].kind == "call_tir":
                 yield r
 
     total = 0
     for node in graph.nodes:
-        if node.kind == "call_tir" and any(
+        if node.kind == "call_tir" and node.name in owner and any(
             owner.get(r) != owner.get(node.name) for r in readers(node.name)
         ):
             total += node.bytes_written
@@ -109,7 +120,7 @@ def explain(
     register_config_keys()
     name = model if isinstance(model, str) else "<module>"
     if isinstance(model, str):
-        from . import zoo  # noqa: PLC0415 (builds nn modules; only needed for names)
+        from . import zoo  # builds nn modules; only needed for names
 
         model, _ = zoo.load(model, small=small)
     mod = prepare(model)
@@ -199,10 +210,10 @@ def format_text(report: dict, max_decisions: int = 40) -> str:
 def draw(report: dict, path: str) -> str:
     """Save a picture of the fused graph: bindings laid out by topological depth (left to
     right), coloured by CostFuse kernel; grey nodes run alone. Needs matplotlib."""
-    import matplotlib  # noqa: PLC0415 (optional dependency)
+    import matplotlib  # optional dependency
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     names = report["bindings"]
     preds: dict[str, list[str]] = {n: [] for n in names}

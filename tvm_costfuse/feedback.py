@@ -107,7 +107,7 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
 def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     """(scheduled PrimFunc, trace) from our CPU rules, first that applies wins (as dlight's
     ApplyDefaultSchedule); (func, empty trace) when none applies."""
-    from .schedules import rules  # noqa: PLC0415 (schedules import this package)
+    from .schedules import rules  # schedules import this package
 
     for rule in rules():
         sch = rule.apply(func, target, False)
@@ -131,11 +131,11 @@ def _compile_kernel(func_json: str, target_json: dict, n_out: int):
     a kernel pays what it pays inside a model -- dispatch, output allocation from the pooled
     allocator, thread-pool wake-up -- so fused-vs-unfused comparisons see the per-kernel cost
     that fusion saves."""
-    import tvm as _tvm  # noqa: PLC0415 (worker process)
-    from tvm import relax as _relax  # noqa: PLC0415
-    from tvm.s_tir import meta_schedule as _ms  # noqa: PLC0415
+    import tvm as _tvm  # worker process
+    from tvm import relax as _relax
+    from tvm.s_tir import meta_schedule as _ms
 
-    from tvm_costfuse.passes import build_pipeline  # noqa: PLC0415
+    from tvm_costfuse.passes import build_pipeline
 
     func = _tvm.ir.load_json(func_json)
     try:
@@ -162,11 +162,11 @@ def _time_on(vm, func, n_out: int, dev, number: int, repeat: int,
              min_repeat_ms: int) -> list[float]:
     """Random inputs of the buffer shapes on ``dev``, one warm-up call, then the timer (per
     call: short kernels run as a chain of :data:`CHAIN` calls)."""
-    import time  # noqa: PLC0415
+    import time
 
-    import numpy as np  # noqa: PLC0415
-    import tvm as _tvm  # noqa: PLC0415
-    from tvm.s_tir import meta_schedule as _ms  # noqa: PLC0415
+    import numpy as np
+    import tvm as _tvm  # worker process
+    from tvm.s_tir import meta_schedule as _ms
 
     try:
         rng = np.random.default_rng(0)
@@ -197,8 +197,8 @@ def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
 
     Raises RuntimeError whose message starts with ``build:`` or ``run:``.
     """
-    import tvm as _tvm  # noqa: PLC0415 (worker process)
-    from tvm import relax as _relax  # noqa: PLC0415
+    import tvm as _tvm
+    from tvm import relax as _relax
 
     ex, func = _compile_kernel(func_json, target_json, n_out)
     dev = _tvm.cpu()
@@ -209,11 +209,11 @@ def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
 def build_and_time_rpc(func_json: str, target_json: dict, number: int, repeat: int,
                        min_repeat_ms: int, tracker: str, n_out: int = 1) -> list[float]:
     """Compile here, run on an RPC server that a tracker (``host:port:key``) hands out."""
-    import os  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
+    import os
+    import tempfile
 
-    from tvm import relax as _relax  # noqa: PLC0415
-    from tvm import rpc  # noqa: PLC0415
+    from tvm import relax as _relax
+    from tvm import rpc
 
     host, port, key = tracker.rsplit(":", 2)
     ex, func = _compile_kernel(func_json, target_json, n_out)
@@ -236,7 +236,7 @@ class _Runner:
     def __init__(self, config: MeasureConfig, fn: Callable = build_and_time) -> None:
         self.config, self.fn, self.pool = config, fn, None
         if config.isolate:
-            from tvm.support.popen_pool import PopenPoolExecutor  # noqa: PLC0415
+            from tvm.support.popen_pool import PopenPoolExecutor
 
             self.pool = PopenPoolExecutor(max_workers=1, timeout=config.timeout_s)
 

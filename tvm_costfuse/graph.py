@@ -75,6 +75,11 @@ class Node:
     reduction_extent: int
     why_not_fusable: str | None = None
     block: int = 0
+    # A reshape-like PrimFunc (reshape, expand_dims, flatten: elements keep their order), and
+    # whether it is bound to a dataflow variable: left alone, such a binding becomes a VM view
+    # (TVM's RewriteDataflowReshape; no kernel, no copy).
+    view: bool = False
+    reshape_like: bool = False
 
     @property
     def fusable(self) -> bool:
@@ -238,9 +243,11 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                     if pattern == OpPattern.OPAQUE
                     else None
                 )
+                reshape_like = bool(relax.analysis.has_reshape_pattern(mod[value.args[0]]))
+                view = reshape_like and isinstance(binding.var, relax.DataflowVar)
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
                             tuple(inputs), outputs, tuple(sizes), flops, in_bytes,
-                            _nbytes(outputs), red, why, block_index)
+                            _nbytes(outputs), red, why, block_index, view, reshape_like)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,

@@ -47,6 +47,25 @@ def run(
     return _flatten(vm["main"](*args))
 
 
+def kernel_calls(
+    ex: tvm.runtime.Executable, inputs: Mapping[str, np.ndarray], device=None
+) -> list[str]:
+    """The kernels one run of ``main`` launches, in order: read from the built executable
+    (VM call instructions other than the VM's own ``vm.*`` builtins), not from a plan."""
+    device = device or tvm.cpu()
+    vm = relax.VirtualMachine(ex, device)
+    calls: list[str] = []
+
+    def instrument(_func, symbol, before_run, _ret, *_args) -> int:
+        if before_run and not symbol.startswith("vm."):
+            calls.append(symbol)
+        return 0  # VMInstrumentReturnKind.kNoOp: run the call as usual
+
+    vm.set_instrument(instrument)
+    vm["main"](*[tvm.runtime.tensor(v, device) for v in inputs.values()])
+    return calls
+
+
 def assert_close(
     got: Sequence[np.ndarray], want: Sequence[np.ndarray], rtol: float = 1e-4, atol: float = 1e-5
 ) -> None:

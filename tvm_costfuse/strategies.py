@@ -46,11 +46,14 @@ def fusion_pass(strategy: str, target: tvm.target.Target, **config) -> tvm.trans
     raise ValueError(f"unknown fusion strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
 
 
-def strategy_pipeline(strategy: str, target, cost_target=None, **config) -> tvm.transform.Pass:
+def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None,
+                      **config) -> tvm.transform.Pass:
     """The relax pipeline that compiles a model with ``strategy`` for ``target``.
 
     ``cost_target`` (a TargetDesc or preset name) is what CostFuse prices plans for; default the
     description derived from ``target`` (a bare sm_90 target is priced as an H100).
+    ``fusion``: a pass to stand in the fusion slot instead of the strategy's own (e.g.
+    ``ApplyPartition`` of a plan made beforehand, so what is built is what was reported).
     """
     from .schedules import schedule_pass
     from .schedules.cuda import cuda_pipeline
@@ -60,7 +63,7 @@ def strategy_pipeline(strategy: str, target, cost_target=None, **config) -> tvm.
     config = {**variant, **config}
     if strategy == "stock":
         return relax.get_default_pipeline(target)
-    fusion = fusion_pass(strategy, cost_target or target, **config)
+    fusion = fusion or fusion_pass(strategy, cost_target or target, **config)
     if target.kind.name == "cuda":
         return cuda_pipeline(target, fusion)
     return build_pipeline(target, fusion, schedule_pass(target))

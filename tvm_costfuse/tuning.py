@@ -64,7 +64,7 @@ def fuse(mod: tvm.IRModule, target: tvm.target.Target | str, fusion: str = "tvm"
 
     ``fusion`` is a strategy name of :mod:`tvm_costfuse.strategies` other than ``stock``.
     """
-    from .strategies import fusion_pass  # noqa: PLC0415 (strategies import this package)
+    from .strategies import fusion_pass  # strategies import this package
 
     target = tvm.target.Target(target)
     return passes.fuse(mod, target, fusion_pass(fusion, target))
@@ -150,7 +150,7 @@ def tuned_pipeline(
     marked ``tirx.is_scheduled``) -> our rules (skip scheduled PrimFuncs, schedule the rest).
     """
     from .schedules import schedule_pass
-    from .strategies import fusion_pass  # noqa: PLC0415 (strategies import this package)
+    from .strategies import fusion_pass  # strategies import this package
 
     target = tvm.target.Target(target)
     work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)

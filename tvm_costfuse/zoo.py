@@ -26,6 +26,8 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from . import synthetic
+
 __all__ = ["load", "load_onnx", "load_torch", "names"]
 
 _F32 = "float32"
@@ -516,9 +518,16 @@ def _build(
 
     Private, but tests use it to get at the weights for NumPy references.
     """
-    if name not in _MODELS:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(_MODELS)}")
-    spec = _MODELS[name](small)
+    if synthetic.is_synthetic(name):
+        if small:
+            raise ValueError(f"{name}: synthetic programs draw their own sizes; small=True "
+                             "does not apply")
+        spec = _Spec(*synthetic.program(name))
+    elif name not in _MODELS:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(_MODELS)} "
+                         f"(or {synthetic.PREFIX}<seed> for a random training program)")
+    else:
+        spec = _MODELS[name](small)
     rng = _rng(name)
     weights: dict[str, np.ndarray] = {}
     for path, param in spec.module.named_parameters():

@@ -84,10 +84,22 @@ class GroupFeatures:
     contraction_rank: int = 0
     tuple_items: int = 0
     prologue_compute: int = 0
+    # Tensors the group hands to the rest of the program, and reordering data movement
+    # (transposes) downstream of a reduction: what decides whether the CPU row-reduction rule
+    # applies (``schedule_on``).
+    n_outputs: int = 1
+    moves_after_reduction: int = 0
+    # Reshape-like members TVM turns into a view when they are left alone (``Node.view``).
+    view_ops: int = 0
     # (is_contraction, FLOPs, output elements, in_prologue) per op: each op's loop keeps its own
     # parallelism inside a fused kernel, so compute time is summed per op, not over the largest
     # output; a prologue op runs in its own loop nest on CPU, not in the contraction's tile.
     op_work: tuple[tuple, ...] = ()
+
+    @property
+    def is_view(self) -> bool:
+        """Reshapes alone: a VM view at run time, no kernel (``explain.is_view``)."""
+        return self.n_ops > 0 and self.view_ops == self.n_ops
 
     def vector(self) -> list[float]:
         return [float(getattr(self, name)) for name in FEATURE_NAMES]
@@ -151,6 +163,13 @@ class GroupFeatures:
           reshape) falls back: per kernel it measured neutral, but inside bert_layer each of
           its three head-split/merge groups made the model slower (0.4, 1.1 and 2.2 ms of
           22.5; ablation in docs/benchmarks.md).
+        - CPU: our row-reduction rule needs every block on the rows of the last one, so a
+          reduction group that hands out a second tensor (an elementwise member read outside
+          the group besides the reduced result) or transposes after its reduction falls back
+          (a reshape keeps the rows): checked by applying the rules to the 150 measured
+          reduction groups of the zoo and the synthetic programs, all 49 such groups fell back
+          and all 101 others took the rule (fused/unfused measured up to 2.6x slower where the
+          model had said 0.95); ``tests/test_features.py`` repeats the check.
         - Both: a split epilogue (several elements of one tuple read after the contraction;
           ``tuple_items``) lands in the fallback: TVM 0.27 fails to lower it on CUDA
           ("matmul_intermediate_reindex is used before its definition") and our CPU rule
@@ -158,6 +177,9 @@ class GroupFeatures:
           Q/K/V projection).
         """
         schedule = self.schedule
+        if schedule == "reduction" and kind != "cuda" and (
+                self.n_outputs > 1 or self.moves_after_reduction):
+            return "fallback"
         if schedule not in ("contraction+reshape", "contraction+prologue"):
             return schedule
         if self.tuple_items:
@@ -169,8 +191,13 @@ class GroupFeatures:
 
 
 _NOT_LEARNED = ("boundary_sizes", "contraction_rank", "tuple_items", "prologue_compute",
-                "op_work")
+                "n_outputs", "moves_after_reduction", "view_ops", "op_work")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)
+
+
+def _is_move(node, classes) -> bool:
+    """Data movement: an injective call_tir without arithmetic (transpose, reshape, split)."""
+    return classes[node.name] == "injective" and node.kind == "call_tir" and not node.flops
 
 
 def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
@@ -215,11 +242,7 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
     # Data movement (transpose, reshape, split: injective, no arithmetic) after the contraction;
     # batch_norm is injective too (it returns a tuple) but computes, and inlines like an
     # elementwise epilogue.
-    reshaping = sum(
-        1 for n in nodes
-        if classes[n.name] == "injective" and n.kind == "call_tir" and not n.flops
-        and n.name not in prologue
-    )
+    reshaping = sum(1 for n in nodes if _is_move(n, classes) and n.name not in prologue)
 
     shared_reads: dict[str, int] = {}
     for n in nodes:
@@ -230,6 +253,15 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         1 for n in internal if sum(r in member for r in graph.consumers.get(n.name, ())) > 1
     )
     dtype = next((t.dtype for n in nodes for t in n.outputs), "float32")
+    # Data movement that reorders elements (a transpose, not a reshape) downstream of a
+    # reduction inside the group: a transposed norm output.
+    after_reduction: set[str] = set()
+    for n in nodes:
+        if classes[n.name] == "reduction" or any(p in after_reduction
+                                                 for p in graph.producers(n.name)):
+            after_reduction.add(n.name)
+    moves_after = sum(1 for n in nodes if n.name in after_reduction and _is_move(n, classes)
+                      and not n.reshape_like)
     return GroupFeatures(
         n_ops=sum(1 for n in nodes if n.kind == "call_tir"),
         n_contractions=sum(1 for c in classes.values() if c == "contraction"),
@@ -259,4 +291,7 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         window_reductions=sum(1 for n in nodes if classes[n.name] == "reduction"
                               and _is_window(n)),
         reshaping_ops=reshaping if any(c == "contraction" for c in classes.values()) else 0,
+        n_outputs=len(outputs),
+        moves_after_reduction=moves_after,
+        view_ops=sum(1 for n in nodes if n.kind == "call_tir" and n.view),
     )

@@ -99,8 +99,10 @@ def _features_of(row: dict) -> GroupFeatures:
 
 
 def _usable(row: dict) -> bool:
-    """A row that measured successfully (the training data)."""
-    return not row.get("error") and any(s < _FAILED for s in row["run_secs"])
+    """A row that measured successfully (the training data). A lone reshape is not: a model
+    runs it as a view (no kernel; predicted 0 s), its row timed a copy kernel."""
+    return (not row.get("error") and any(s < _FAILED for s in row["run_secs"])
+            and not _features_of(row).is_view)
 
 
 def rows_to_dataset(rows: Iterable[dict], target) -> tuple[np.ndarray, np.ndarray]:
@@ -145,6 +147,8 @@ class LearnedModel:
                  register_budget: int | None = None) -> Estimate:
         """Predicted kernel time, or the analytical estimate marked as a fallback."""
         self.queries += 1
+        if features.is_view:  # no kernel at run time: nothing to learn or correct
+            return analytical_estimate(features, target)
         x, est = _inputs(features, target)
         if register_budget is not None:
             est = analytical_estimate(features, target, register_budget)
@@ -199,12 +203,19 @@ class LearnedModel:
         return cls(booster, meta["n_records"], meta["lo"], meta["hi"], meta["models"])
 
 
+def _architecture(model: str) -> str:
+    """``bert_layer@small`` -> ``bert_layer``; every ``synth-<seed>`` program -> ``synth``."""
+    from ..synthetic import PREFIX, is_synthetic
+
+    return PREFIX.rstrip("-") if is_synthetic(model) else model.split("@")[0]
+
+
 def _architecture_weights(rows: Sequence[dict]) -> np.ndarray:
     """One unit of weight per architecture (``name@small`` and ``name`` are one), spread over
     its usable rows: a convnet with 50 blocks would otherwise outvote every other model, and
     what the trees learn must carry to the next architecture (leave-one-model-out: 0.84 ->
     0.86 decision accuracy)."""
-    arch = [r["model"].split("@")[0] for r in filter(_usable, rows)]
+    arch = [_architecture(r["model"]) for r in filter(_usable, rows)]
     counts = Counter(arch)
     w = np.asarray([1.0 / counts[a] for a in arch])
     return w * len(w) / w.sum()
@@ -237,16 +248,23 @@ def model_path(target) -> Path:
     return _target_work_dir(target) / MODEL_FILE
 
 
-def train(work_dir: str | Path, target=None, save: bool = True) -> LearnedModel:
-    """Train on every measured group in ``work_dir`` and (by default) save the model there.
+def train(work_dir: str | Path, target=None, save: bool = True,
+          synthetic: bool = False) -> LearnedModel:
+    """Train on the measured groups in ``work_dir`` and (by default) save the model there.
 
-    ``target``: TargetDesc for the analytical inputs; default this host.
+    ``target``: TargetDesc for the analytical inputs; default this host. Rows of synthetic
+    programs (``synth-<seed>``) are left out unless ``synthetic``: they are the evaluation's
+    unseen programs, and training on them made held-out decisions worse, not better
+    (docs/benchmarks.md, issue 5).
     """
     from ..database import GroupDatabase
+    from ..synthetic import is_synthetic
     from ..targets import host
 
     target = target or host()
-    model = train_rows(GroupDatabase(work_dir).rows(), target)
+    rows = [r for r in GroupDatabase(work_dir).rows()
+            if synthetic or not is_synthetic(r["model"])]
+    model = train_rows(rows, target)
     if save:
         model.save(work_dir)
     return model
