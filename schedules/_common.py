@@ -201,8 +201,15 @@ def inline_spatial(sch: s_tir.Schedule, protect: set[str] | None = None) -> None
             stmt = sch.get(block)
             if not is_spatial(stmt) or stmt.name_hint in protect:
                 continue
-            producers = [sch.get(p) for p in sch.get_producers(block)]
+            producer_blocks = sch.get_producers(block)
+            producers = [sch.get(p) for p in producer_blocks]
             if len(producers) != 1 or not is_spatial(producers[0]):
+                continue
+            if len(sch.get_consumers(producer_blocks[0])) != 1:
+                # The producer's tensor has other readers: inlining this block into it would
+                # overwrite that tensor's only definition. TVM 0.27's reverse_compute_inline
+                # does not refuse, and lowering then fails ("used before its definition"; a
+                # conv + BN + ReLU + residual-add group of synth-9).
                 continue
             if producers[0].name_hint in protect:
                 continue

@@ -4,7 +4,13 @@ Per zoo model, in one process with interleaved timing rounds: TVM's stock pipeli
 + our CPU rules, FuseOps + our rules, CostFuse + our rules, optionally FuseOps + a meta-schedule
 database (``--tuned DIR``, rules for untuned kernels), and PyTorch eager at 1 and 2 threads
 (``scripts/torch_zoo.py``, same weights) when torch is installed. Every output is checked
-against stock before timing. Prints medians, ratios and geomeans. Example::
+against stock before timing. Prints medians, ratios and geomeans.
+
+Each strategy is compiled ``--builds`` times (default 3) and every build is sampled in every
+round; a strategy's time is the median over all its samples. On this 2-vCPU VM separate builds
+of the *same* plan differ by up to ~10% (``scripts/build_spread.py``: four builds of
+gpt2_block's CostFuse plan 21.5-23.3 ms, of mlp_gelu's FuseOps plan 15.0-16.5 ms), which a
+single build per strategy turns into a spurious fusion effect. Example::
 
     python scripts/bench_cpu.py --models mlp_gelu bert_layer --small
 """
@@ -80,12 +86,13 @@ def _torch_sampler(fn: Callable, threads: int) -> Sampler:
     return sample
 
 
-def _interleaved(samplers: dict[str, Sampler], repeat: int) -> dict[str, float]:
-    """Median per variant over ``repeat`` rounds; each round samples every variant once."""
+def _interleaved(samplers: dict[str, list[Sampler]], repeat: int) -> dict[str, float]:
+    """Median per variant over ``repeat`` rounds of all its samplers (builds); each round
+    samples every build of every variant once."""
     samples: dict[str, list[float]] = {k: [] for k in samplers}
     for _ in range(repeat):
-        for k, sample in samplers.items():
-            samples[k].append(sample())
+        for k, builds in samplers.items():
+            samples[k] += [sample() for sample in builds]
     return {k: float(np.median(v)) for k, v in samples.items()}
 
 
@@ -111,6 +118,8 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="the zoo's small shapes")
     ap.add_argument("--cores", type=int, default=None, help="num-cores of the target")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--builds", type=int, default=3,
+                    help="independent compilations per strategy, all sampled every round")
     ap.add_argument(
         "--tuned",
         type=Path,
@@ -129,24 +138,25 @@ def main() -> None:
     with_torch = torch is not None and not args.no_torch
     columns = list(pipelines) + ([f"torch{n}" for n in TORCH_THREADS] if with_torch else [])
     print(
-        f"target {target}  small={args.small}  repeat={args.repeat}  "
+        f"target {target}  small={args.small}  repeat={args.repeat}  builds={args.builds}  "
         f"torch={torch.__version__ if with_torch else 'no'}"
     )
     print(f"{'model':<18}" + "".join(f"{c + ' ms':>16}" for c in columns) + "  tvm err  torch err")
     times: dict[str, list[float]] = {c: [] for c in columns}
     for name in names:
         mod, inputs = zoo.load(name, small=args.small)
-        built = {k: tvm.compile(mod, target=target, relax_pipeline=p) for k, p in pipelines.items()}
-        ref = run(built[columns[0]], inputs)
-        err = max(max_mismatch(ref, run(ex, inputs)) for ex in built.values())
-        samplers = {k: _tvm_sampler(ex, inputs) for k, ex in built.items()}
+        built = {k: [tvm.compile(mod, target=target, relax_pipeline=p)
+                     for _ in range(args.builds)] for k, p in pipelines.items()}
+        ref = run(built[columns[0]][0], inputs)
+        err = max(max_mismatch(ref, run(ex, inputs)) for exs in built.values() for ex in exs)
+        samplers = {k: [_tvm_sampler(ex, inputs) for ex in exs] for k, exs in built.items()}
         torch_err = math.nan
         if with_torch:
             fn, _ = torch_zoo.load(name, small=args.small)
             with torch.inference_mode():
                 torch_err = max_mismatch(ref, [fn().numpy()])
             for n in TORCH_THREADS:
-                samplers[f"torch{n}"] = _torch_sampler(fn, n)
+                samplers[f"torch{n}"] = [_torch_sampler(fn, n)]
         t = _interleaved(samplers, args.repeat)
         for c in columns:
             times[c].append(t[c])

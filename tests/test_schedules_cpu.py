@@ -328,3 +328,21 @@ def test_zoo_small_numerics_match_stock(name):
     from tvm_costfuse import zoo
 
     _check_numerics(*zoo.load(name, small=True))
+
+
+def test_epilogue_inline_keeps_a_tensor_other_blocks_read():
+    """synth-9's conv + BN + ReLU + residual adds as one kernel: add1's tensor is read by two
+    later adds, one of them (add2) an output of the kernel. Inlining add2 into add1's block
+    would overwrite add1's tensor, which add3 still reads; TVM 0.27 lets it happen and lowering
+    then fails ("used before its definition"). Built and checked against the unfused model."""
+    from tvm_costfuse import zoo
+    from tvm_costfuse.partition import ApplyPartition
+    from tvm_costfuse.passes import build_pipeline
+
+    mod, inputs = zoo.load("synth-9")
+    group = ["conv2d", "batch_norm", "bn", "relu", "add", "add1", "add2", "add3"]
+    ref = run(tvm.compile(mod, target=TARGET, relax_pipeline=build_pipeline(TARGET)), inputs)
+    ex = tvm.compile(mod, target=TARGET,
+                     relax_pipeline=build_pipeline(TARGET, ApplyPartition([group]),
+                                                   schedule_pass(TARGET)))
+    assert max_mismatch(ref, run(ex, inputs)) <= 1.0

@@ -1,0 +1,160 @@
+"""Variants of the learned cost model tried against the analytical one (issue 5), on the same
+measured rows and the same decision-accuracy metric as ``eval_cost_model.py evaluate``.
+
+Two held-out sets: each zoo architecture in turn (small and full variants together), and each
+synthetic program in turn. Variants (XGBoost at the committed hyper-parameters, analytical log
+time as the base margin):
+
+- ``regression``: the committed model (squared error on log kernel time, every input);
+- ``terms``: the same on the analytical terms, schedule class and ratios only (no raw sizes,
+  which let trees recognise an architecture by its shapes);
+- ``pairwise``: a decision-aware objective: squared error on log(fused / (left + right)) over
+  the training pairs, plus 0.1 x the per-kernel squared error to keep the scale (custom
+  XGBoost objective, Gauss-Newton Hessian);
+
+each trained on the zoo only, or with the synthetic programs too (``+synth``; every synthetic
+program weighted as one architecture, or all of them as one).
+
+    TVM_COSTFUSE_CALIBRATION=none python scripts/learned_variants.py
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import xgboost as xgb
+from tvm_costfuse.schedules import host_target
+
+from tvm_costfuse import synthetic
+from tvm_costfuse.cost import learned
+from tvm_costfuse.database import GroupDatabase, default_work_dir
+from tvm_costfuse.targets import for_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_cost_model import _median, _pairs
+
+PAIR_SCALE = 0.1  # weight of the per-kernel term in the pairwise objective
+
+
+class Data:
+    """The usable rows as arrays, with every pair (left, right, union) as row indices."""
+
+    def __init__(self) -> None:
+        target = host_target()
+        self.desc = for_target(target)
+        self.rows = [r for r in GroupDatabase(default_work_dir(target)).rows()
+                     if learned._usable(r)]
+        self.x = np.array([learned._inputs(learned._features_of(r), self.desc)[0]
+                           for r in self.rows])
+        self.y = np.array([math.log(_median(r)) for r in self.rows])
+        names = learned.input_names()
+        self.margin = self.x[:, names.index("log_analytical")]
+        self.terms = [i for i, n in enumerate(names) if n.startswith(("is_", "log_"))
+                      or "_per_" in n]
+        self.model = np.array([r["model"] for r in self.rows])
+        self.synth = np.array([synthetic.is_synthetic(m) for m in self.model])
+        self.unit = np.array([m if s else m.split("@")[0]
+                              for m, s in zip(self.model, self.synth, strict=True)])
+        where = {id(r): i for i, r in enumerate(self.rows)}
+        pairs = []
+        for m in sorted(set(self.model)):
+            group = [self.rows[i] for i in np.flatnonzero(self.model == m)]
+            pairs += [(where[id(a)], where[id(b)], where[id(u)]) for a, b, u in _pairs(group)]
+        self.pairs = np.array(pairs)
+
+
+def _weights(units: np.ndarray, synth_as_one: bool) -> np.ndarray:
+    keys = np.array(["synth" if synth_as_one and u.startswith(synthetic.PREFIX) else u
+                     for u in units])
+    counts = Counter(keys)
+    w = np.array([1.0 / counts[k] for k in keys])
+    return w * len(w) / w.sum()
+
+
+def _fit(d: Data, train: np.ndarray, variant: str, synth_as_one: bool):
+    idx = np.flatnonzero(train)
+    cols = d.terms if variant == "terms" else slice(None)
+    w = _weights(d.unit[idx], synth_as_one)
+    dm = xgb.DMatrix(d.x[idx][:, cols], label=d.y[idx], base_margin=d.margin[idx], weight=w)
+    if variant != "pairwise":
+        return xgb.train(learned._PARAMS, dm, num_boost_round=learned._ROUNDS), cols
+    local = -np.ones(len(d.rows), dtype=int)
+    local[idx] = np.arange(len(idx))
+    p = local[np.array([q for q in d.pairs if train[q].all()])]
+    y, pw = d.y[idx], w[p[:, 2]]
+    target = y[p[:, 2]] - np.logaddexp(y[p[:, 0]], y[p[:, 1]])
+
+    def objective(s, _dm):
+        g = 2 * PAIR_SCALE * w * (s - y)
+        h = 2 * PAIR_SCALE * w.copy()
+        parts = np.logaddexp(s[p[:, 0]], s[p[:, 1]])
+        share_a = np.exp(s[p[:, 0]] - parts)
+        r = 2 * (s[p[:, 2]] - parts - target) * pw
+        for col, dz in ((2, 1.0), (0, -share_a), (1, -(1 - share_a))):
+            np.add.at(g, p[:, col], r * dz)
+            np.add.at(h, p[:, col], 2 * pw * dz * dz)
+        return g, h + 1e-6
+
+    params = {k: v for k, v in learned._PARAMS.items() if k != "objective"}
+    return xgb.train(params, dm, num_boost_round=learned._ROUNDS, obj=objective), cols
+
+
+def _hits(d: Data, idx: np.ndarray, log_pred: np.ndarray) -> tuple[int, int, int, int]:
+    """(correct decisions, pairs, wrong "fuse", wrong "keep apart") among the pairs inside
+    ``idx`` (one model variant)."""
+    pred = dict(zip(idx.tolist(), np.exp(log_pred), strict=True))
+    meas = np.exp(d.y)
+    pairs = [q for q in d.pairs if all(int(i) in pred for i in q)]
+    says = [(meas[u] < meas[a] + meas[b], pred[u] < pred[a] + pred[b]) for a, b, u in pairs]
+    return (sum(m == p for m, p in says), len(says), sum(p and not m for m, p in says),
+            sum(m and not p for m, p in says))
+
+
+def _score(d: Data, held_units: list[str], variant: str, with_synth: bool,
+           synth_as_one: bool) -> tuple[float, float, tuple[int, int], tuple[int, int]]:
+    """(analytical, learned) decision accuracy pooled over ``held_units`` held out in turn, and
+    each model's (wrong "fuse", wrong "keep apart") counts."""
+    h_a = h_l = n = 0
+    err_a, err_l = [0, 0], [0, 0]
+    for unit in held_units:
+        test = d.unit == unit
+        train = ~test & (~d.synth | with_synth)
+        booster, cols = _fit(d, train, variant, synth_as_one)
+        for m in sorted(set(d.model[test])):
+            idx = np.flatnonzero(d.model == m)
+            s = booster.predict(xgb.DMatrix(d.x[idx][:, cols], base_margin=d.margin[idx]),
+                                output_margin=True)
+            hits, k, wf, ws = _hits(d, idx, s)
+            h_l += hits
+            n += k
+            err_l = [err_l[0] + wf, err_l[1] + ws]
+            hits, _, wf, ws = _hits(d, idx, d.margin[idx])
+            h_a += hits
+            err_a = [err_a[0] + wf, err_a[1] + ws]
+    return h_a / n, h_l / n, tuple(err_a), tuple(err_l)
+
+
+def main() -> None:
+    d = Data()
+    zoo_units = sorted(set(d.unit[~d.synth]))
+    syn_units = sorted(set(d.unit[d.synth]), key=synthetic.seed_of)
+    print(f"{len(d.rows)} rows, {len(d.pairs)} pairs; {len(zoo_units)} zoo architectures, "
+          f"{len(syn_units)} synthetic programs")
+    print(f"{'variant':<34}{'zoo: analyt':>12}{'xgb':>7}{'synthetic: analyt':>19}{'xgb':>7}"
+          f"{'zoo wrong fuse/apart: analyt':>30}{'xgb':>9}")
+    for variant in ("regression", "terms", "pairwise"):
+        for with_synth, as_one in ((False, False), (True, False), (True, True)):
+            label = variant + ("" if not with_synth else
+                               " +synth (all as one)" if as_one else " +synth (each one)")
+            za, zl, ea, el = _score(d, zoo_units, variant, with_synth, as_one)
+            sa, sl, _, _ = _score(d, syn_units, variant, with_synth, as_one)
+            print(f"{label:<34}{za:>12.3f}{zl:>7.3f}{sa:>19.3f}{sl:>7.3f}"
+                  f"{f'{ea[0]}/{ea[1]}':>30}{f'{el[0]}/{el[1]}':>9}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
