@@ -6,7 +6,7 @@ refeature: recompute every row's features with the current schema (keeps the tim
     python scripts/eval_cost_model.py refeature
 measure: time the candidate groups of zoo models into tuning_logs/<target>/groups
     python scripts/eval_cost_model.py measure --size small --models mlp_gelu attention
-  and of random training programs (tvm_costfuse.synthetic: synth-0 .. synth-39):
+  and of random test programs (tvm_costfuse.synthetic: synth-0 .. synth-39):
     python scripts/eval_cost_model.py measure --synthetic 40
 evaluate: for each zoo model held out, train the learned model on the others' records and
 compare it with the analytical model on the held-out model's records:
@@ -108,7 +108,7 @@ def _scores(rows, pred: dict[int, float]) -> tuple[float, float, int, float]:
     return tau, hits / n if n else float("nan"), n, fused / n if n else float("nan")
 
 
-def _score_rows(label: str, group: list[dict], model, desc) -> tuple[float, float, float, int,
+def _score_rows(label: str, group: list[dict], model, desc) -> tuple[float, float, int, int,
                                                                    list, list]:
     """Print one table line; returns (acc analytical, acc learned, pairs, fallbacks, analytical
     and learned predictions in ``group`` order)."""
@@ -147,6 +147,9 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_rec
             all_a += a
             all_l += lrn
     print("-" * len(head))
+    if not pairs:
+        print("all: no measured pairs to score")
+        return
     print(f"{'all (pairs pooled)':<24}{len(meas):>7}{pairs:>7}{'':>7}"
           f"{hits_a / pairs:>12.2f}{hits_l / pairs:>9.2f}"
           f"{kendalltau(meas, all_a).statistic:>12.2f}{kendalltau(meas, all_l).statistic:>9.2f}")

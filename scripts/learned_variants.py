@@ -135,6 +135,8 @@ def _score(d: Data, held_units: list[str], variant: str, with_synth: bool,
             hits, _, wf, ws = _hits(d, idx, d.margin[idx])
             h_a += hits
             err_a = [err_a[0] + wf, err_a[1] + ws]
+    if not n:
+        raise SystemExit("no measured pairs in the held-out units: measure first")
     return h_a / n, h_l / n, tuple(err_a), tuple(err_l)
 
 

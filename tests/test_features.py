@@ -105,11 +105,12 @@ def test_cpu_reduction_class_agrees_with_the_row_reduction_rule() -> None:
     features say
     ``reduction`` on CPU exactly when our row-reduction rule schedules the fused kernel (a
     second output or a transpose after the reduction makes the rule decline: fallback)."""
+    from tvm_costfuse.schedules import host_target
+    from tvm_costfuse.schedules.cpu import Contraction, RowReduction
+
     from tvm_costfuse import FusionConfig, zoo
     from tvm_costfuse.feedback import candidate_groups, group_kernel_and_outputs
     from tvm_costfuse.passes import prepare
-    from tvm_costfuse.schedules import host_target
-    from tvm_costfuse.schedules.cpu import Contraction, RowReduction
 
     target = host_target(2)
     seen = set()

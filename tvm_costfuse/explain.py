@@ -30,9 +30,10 @@ def _target(target: str | TargetDesc) -> TargetDesc:
 
 
 def is_view(graph: OpGraph, unit: Sequence[str]) -> bool:
-    """A unit of reshape-like ops only: TVM makes it a VM view (no kernel, no copy)."""
+    """One reshape-like op left alone: TVM makes it a VM view (no kernel, no copy). Several
+    reshapes fused together are one kernel of several blocks, which TVM does not rewrite."""
     calls = [graph[n] for n in unit if graph[n].kind == "call_tir"]
-    return bool(calls) and all(n.view for n in calls)
+    return len(calls) == 1 and calls[0].view
 
 
 def kernels_of(graph: OpGraph, groups: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
@@ -55,9 +56,9 @@ def intermediate_bytes(graph: OpGraph, kernels: Sequence[Sequence[str]]) -> int:
 
     def readers(name: str):
         for r in graph.consumers.get(name, ()):
-            if graph[r].kind == "tuple_get_item" and owner.get(r) == owner.get(name):
-                yield from readers(r)
-            elif graph[r].kind == "call_tir" and r not in owner and graph[r].view:
+            through_tuple = graph[r].kind == "tuple_get_item" and owner.get(r) == owner.get(name)
+            through_view = graph[r].kind == "call_tir" and r not in owner and graph[r].view
+            if through_tuple or through_view:
                 yield from readers(r)
             elif graph[r].kind == "call_tir":
                 yield r

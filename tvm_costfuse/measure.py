@@ -51,7 +51,8 @@ def kernel_calls(
     ex: tvm.runtime.Executable, inputs: Mapping[str, np.ndarray], device=None
 ) -> list[str]:
     """The kernels one run of ``main`` launches, in order: read from the built executable
-    (VM call instructions other than the VM's own ``vm.*`` builtins), not from a plan."""
+    (VM call instructions other than the VM's own ``vm.*`` builtins), not from a plan. A
+    library call (``call_dps_packed``: no zoo model has one) would count as a kernel too."""
     device = device or tvm.cpu()
     vm = relax.VirtualMachine(ex, device)
     calls: list[str] = []

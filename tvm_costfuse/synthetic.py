@@ -1,4 +1,4 @@
-"""Random Relax programs: training data for the learned cost model beyond the zoo.
+"""Random Relax programs: unseen test programs for the cost models, beyond the zoo.
 
 Why: leave-one-architecture-out over the ten zoo models showed that what XGBoost learns from
 nine architectures' kernels does not carry to the tenth better than the analytical terms do
@@ -6,8 +6,9 @@ nine architectures' kernels does not carry to the tenth better than the analytic
 built from the zoo's op vocabulary -- linear layers with prologues and epilogues, norms spelled
 out and as single ops, softmax whole and in pieces, attention heads, transposes, elementwise
 math, per-channel affines, conv + batch norm + activation (dense and depthwise), residual
-fan-in -- at random sizes widen what the trees see. They are training data only: the
-evaluation never holds one out or scores on one, so they cannot flatter it.
+fan-in -- at random sizes test both models on programs no zoo architecture resembles. They
+were meant as extra training data, but training on them made held-out decisions worse, so
+``cost.learned.train`` leaves them out by default and the evaluation scores on them instead.
 
 A program is named ``synth-<seed>``; :func:`tvm_costfuse.zoo.load` resolves such names (same
 seed, same program and weights), so measurement, ``refeature`` and the planner take them like

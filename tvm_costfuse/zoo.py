@@ -525,7 +525,7 @@ def _build(
         spec = _Spec(*synthetic.program(name))
     elif name not in _MODELS:
         raise ValueError(f"unknown model {name!r}; valid names: {', '.join(_MODELS)} "
-                         f"(or {synthetic.PREFIX}<seed> for a random training program)")
+                         f"(or {synthetic.PREFIX}<seed> for a random test program)")
     else:
         spec = _MODELS[name](small)
     rng = _rng(name)

@@ -8,10 +8,15 @@ priced without building anything.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from ..graph import Node, OpGraph, OpPattern
+
+_log = logging.getLogger(__name__)
+# Context fields already reported missing from a stored row (one warning per field).
+_warned_missing: set[str] = set()
 
 # A contraction does one multiply-add per reduction step and output element: FLOPs per output
 # element near 2 x reduction extent. Softmax is pattern 4 too, but does a few FLOPs per step.
@@ -98,8 +103,8 @@ class GroupFeatures:
 
     @property
     def is_view(self) -> bool:
-        """Reshapes alone: a VM view at run time, no kernel (``explain.is_view``)."""
-        return self.n_ops > 0 and self.view_ops == self.n_ops
+        """One reshape alone: a VM view at run time, no kernel (``explain.is_view``)."""
+        return self.n_ops == 1 and self.view_ops == 1
 
     def vector(self) -> list[float]:
         return [float(getattr(self, name)) for name in FEATURE_NAMES]
@@ -115,6 +120,12 @@ class GroupFeatures:
         grown since: a field the row lacks takes its default)."""
         by_name = dict(zip(row["feature_names"], row["features"], strict=True))
         context = row.get("context") or {}
+        missing = [n for n in _NOT_LEARNED if n not in context]
+        if missing and not _warned_missing.intersection(missing):
+            _warned_missing.update(missing)
+            _log.warning("a stored row predates the feature fields %s (defaults used; "
+                         "`python scripts/eval_cost_model.py refeature` recomputes them)",
+                         ", ".join(missing))
         values = {}
         for f in fields(cls):
             if f.name in context:
