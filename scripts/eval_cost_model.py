@@ -55,7 +55,7 @@ def _measure(args) -> None:
         s = measure_model(model, mod, target, work_dir, config, max_groups=args.max_groups,
                           log=lambda m: print(m, flush=True))
         print(f"{model}: measured {s.measured}, failed {s.failed}, reused {s.reused}, "
-              f"unformable {s.unformable}, "
+              f"unformable {s.unformable}, views {s.views}, "
               f"skipped {s.skipped} in {s.seconds:.0f} s", flush=True)
 
 

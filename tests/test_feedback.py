@@ -81,6 +81,18 @@ def test_runner_error_and_unformable_group_do_not_crash(tmp_path):
     assert "device lost" in GroupDatabase(tmp_path).rows()[0]["error"]
 
 
+def test_a_lone_reshape_is_not_timed(tmp_path):
+    def must_not_run(*_args):
+        raise AssertionError("a view was sent to the runner")
+
+    mod, _ = prepared("bert_layer")
+    view = next(n.name for n in build_graph(mod).nodes if n.kind == "call_tir" and n.view)
+    s = measure_model("m", mod, host_target(), tmp_path, MeasureConfig(isolate=False),
+                      groups=[(view,)], prepared=True, runner_fn=must_not_run)
+    assert (s.views, s.measured, s.failed) == (1, 0, 0)
+    assert GroupDatabase(tmp_path).rows() == []
+
+
 def test_group_kernel_is_one_primfunc():
     mod, _ = prepared("mlp_gelu")
     graph = build_graph(mod)

@@ -140,7 +140,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "
-          f"already recorded {summary.skipped}, unformable {summary.unformable} "
+          f"already recorded {summary.skipped}, unformable {summary.unformable}, "
+          f"views {summary.views} "
           f"into {work_dir}")
     learned = train(work_dir, desc)
     after = plan_greedy(build_graph(prepared), desc, FusionConfig(cost_model="xgb"), learned)

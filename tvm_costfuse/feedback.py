@@ -60,6 +60,7 @@ class MeasureSummary:
     reused: int = 0  # workload already recorded (same kernel seen before): not re-measured
     skipped: int = 0  # (model, group) already recorded
     unformable: int = 0  # the planner weighed it but apply_partition rejects it (not convex)
+    views: int = 0  # a lone reshape: TVM runs it as a view, there is no kernel to time
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -307,7 +308,8 @@ def measure_model(
     -------
     MeasureSummary
         Counts of measured, failed, reused (workload already in the database), skipped and
-        unformable groups (a merge the planner rejected as not convex has no kernel).
+        unformable groups (a merge the planner rejected as not convex has no kernel), and of
+        lone reshapes left unmeasured (a model runs them as views).
         Nothing raised by building or running a kernel escapes.
     """
     config = config or MeasureConfig()
@@ -328,6 +330,10 @@ def measure_model(
         for members in cands:
             if db.has_group(model, members):
                 summary.skipped += 1
+                continue
+            if group_features(graph, members).is_view:
+                summary.views += 1  # timing it as a copy kernel would be a wrong label
+                log(f"  {model} {'+'.join(members)}: a view in the model, not a kernel")
                 continue
             row = feature_row(model, graph, members)
             try:
