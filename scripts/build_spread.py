@@ -16,13 +16,11 @@ import argparse
 
 import numpy as np
 import tvm
-from tvm import relax
 from tvm_costfuse.schedules import host_target
 
 from tvm_costfuse import zoo
+from tvm_costfuse.measure import interleaved_samples
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
-
-SAMPLE_MS = 50  # one sample: back-to-back calls for at least this long, averaged
 
 
 def main() -> None:
@@ -34,21 +32,10 @@ def main() -> None:
     args = ap.parse_args()
     target = host_target()
     mod, inputs = zoo.load(args.model)
-    dev = tvm.cpu()
-    timers = {}
-    for strategy in args.strategies:
-        for b in range(args.builds):
-            ex = tvm.compile(mod, target=target,
-                             relax_pipeline=strategy_pipeline(strategy, target))
-            vm = relax.VirtualMachine(ex, dev)
-            tensors = [tvm.runtime.tensor(v, dev) for v in inputs.values()]
-            vm["main"](*tensors)
-            timers[(strategy, b)] = (vm.time_evaluator("main", dev, number=1, repeat=1,
-                                                       min_repeat_ms=SAMPLE_MS), tensors)
-    samples = {k: [] for k in timers}
-    for _ in range(args.repeat):
-        for k, (timer, tensors) in timers.items():
-            samples[k].append(timer(*tensors).mean)
+    builds = {(strategy, b): tvm.compile(mod, target=target,
+                                         relax_pipeline=strategy_pipeline(strategy, target))
+              for strategy in args.strategies for b in range(args.builds)}
+    samples = interleaved_samples(builds, inputs, repeat=args.repeat)
     for strategy in args.strategies:
         medians = []
         for b in range(args.builds):

@@ -36,8 +36,7 @@ def main() -> int:
             continue
         model = row["model"]
         if model not in graphs:
-            name, _, size = model.partition("@")
-            mod = prepare(zoo.load(name, small=size == "small")[0], target)
+            mod = prepare(zoo.load_variant(model)[0], target)
             graphs[model] = (mod, build_graph(mod))
         mod, graph = graphs[model]
         func, _ = group_kernel_and_outputs(mod, graph, row["members"])

@@ -49,7 +49,7 @@ def _measure(args) -> None:
         jobs = [(name, size == "small") for size in args.size
                 for name in args.models or zoo.names()]
     for name, small in jobs:
-        model = f"{name}{'@small' if small else ''}"
+        model = zoo.variant_name(name, small)
         mod, _ = zoo.load(name, small=small)
         print(f"{model}:", flush=True)
         s = measure_model(model, mod, target, work_dir, config, max_groups=args.max_groups,
@@ -67,9 +67,7 @@ def _refeature(args) -> None:
     for row in db.rows():
         model = row["model"]
         if model not in graphs:
-            name, _, size = model.partition("@")
-            graphs[model] = build_graph(prepare(zoo.load(name, small=size == "small")[0],
-                                                target))
+            graphs[model] = build_graph(prepare(zoo.load_variant(model)[0], target))
         rows.append({**row, **feature_row(model, graphs[model], row["members"])})
     db.rewrite_rows(rows)
     print(f"recomputed the features of {len(rows)} rows of {len(graphs)} models")

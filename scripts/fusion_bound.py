@@ -60,12 +60,13 @@ def _wall(vm, args, runs: int) -> float:
 def _kernel_seconds(ex, inputs, runs: int) -> dict[str, float]:
     """Median seconds per kernel symbol per run of ``main`` (its calls summed), less the whole
     cost of the instrument per call (before and after callbacks, measured as the extra wall
-    time of instrumented runs): an under-estimate of kernel time, so the bound errs high."""
+    time of instrumented runs): an under-estimate of kernel time, so the saving errs high."""
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(v, dev) for v in inputs.values()]
     plain = relax.VirtualMachine(ex, dev)
     vm = relax.VirtualMachine(ex, dev)
-    current: dict[str, float] = {}
+    seconds: Counter[str] = Counter()  # this run's time per kernel symbol
+    calls: Counter[str] = Counter()  # this run's calls per kernel symbol
     events = [0]
     start = [0.0]
 
@@ -76,22 +77,24 @@ def _kernel_seconds(ex, inputs, runs: int) -> dict[str, float]:
         if before_run:
             start[0] = time.perf_counter()
         else:
-            current[symbol] = current.get(symbol, 0.0) + time.perf_counter() - start[0]
+            seconds[symbol] += time.perf_counter() - start[0]
+            calls[symbol] += 1
         return 0
 
     vm.set_instrument(instrument)
     _wall(plain, args, 2)  # warm-up
     _wall(vm, args, 2)
-    per_run: list[dict[str, float]] = []
+    per_run: list[Counter[str]] = []
     for _ in range(runs):
-        current = {}
+        seconds.clear()
+        calls.clear()
         _wall(vm, args, 1)
-        per_run.append(current)
+        per_run.append(seconds.copy())
+    calls_per_run = calls.copy()
     events[0] = 0
     instrumented = _wall(vm, args, runs)
     per_call = max(0.0, instrumented - _wall(plain, args, runs)) / (events[0] / runs / 2)
-    counts = Counter(kernel_calls(ex, inputs))
-    return {s: max(0.0, float(np.median([r[s] for r in per_run])) - per_call * counts[s])
+    return {s: max(0.0, float(np.median([r[s] for r in per_run])) - per_call * calls_per_run[s])
             for s in per_run[0]}
 
 

@@ -36,7 +36,7 @@ from .config import FusionConfig, register_config_keys
 from .cost.features import group_features
 from .explain import intermediate_bytes, kernels_of
 from .graph import OpGraph, build_graph
-from .measure import interleaved_medians, kernel_calls, max_mismatch, run
+from .measure import interleaved_medians, max_mismatch, run
 from .partition import ApplyPartition, fuseops_groups
 from .passes import prepare
 from .planner import plan_cost
@@ -333,12 +333,13 @@ def _measure(cells: dict[str, Cell], built: dict, mod, inputs, t: _Target, repea
         ref = None
     timed = {}
     for s, ex in built.items():
+        calls: list[str] = []
         try:
-            out = run(ex, inputs, t.device)
-            launched = len(kernel_calls(ex, inputs, t.device))
+            out = run(ex, inputs, t.device, calls)
         except Exception as err:  # noqa: BLE001
             cells[s] = replace(cells[s], error=f"run: {_error(err)}")
             continue
+        launched = len(calls)
         cells[s] = replace(cells[s], launched_kernels=launched)
         if launched != cells[s].kernels:  # the reported plan must be the built one
             cells[s] = replace(cells[s], error=f"plan: reports {cells[s].kernels} kernels, the "

@@ -38,11 +38,25 @@ def _flatten(value) -> list[np.ndarray]:
 
 
 def run(
-    ex: tvm.runtime.Executable, inputs: Mapping[str, np.ndarray], device=None
+    ex: tvm.runtime.Executable, inputs: Mapping[str, np.ndarray], device=None,
+    calls: list[str] | None = None,
 ) -> list[np.ndarray]:
-    """Run ``main`` once; returns every output tensor as NumPy, tuples flattened in order."""
+    """Run ``main`` once; returns every output tensor as NumPy, tuples flattened in order.
+
+    ``calls``: a list that receives, in order, the kernels this run launches -- read from the
+    built executable (VM call instructions other than the VM's own ``vm.*`` builtins), not
+    from a plan. A library call (``call_dps_packed``: no zoo model has one) would count too.
+    """
     device = device or tvm.cpu()
     vm = relax.VirtualMachine(ex, device)
+    if calls is not None:
+
+        def instrument(_func, symbol, before_run, _ret, *_args) -> int:
+            if before_run and not symbol.startswith("vm."):
+                calls.append(symbol)
+            return 0  # VMInstrumentReturnKind.kNoOp: run the call as usual
+
+        vm.set_instrument(instrument)
     args = [tvm.runtime.tensor(v, device) for v in inputs.values()]
     return _flatten(vm["main"](*args))
 
@@ -50,20 +64,9 @@ def run(
 def kernel_calls(
     ex: tvm.runtime.Executable, inputs: Mapping[str, np.ndarray], device=None
 ) -> list[str]:
-    """The kernels one run of ``main`` launches, in order: read from the built executable
-    (VM call instructions other than the VM's own ``vm.*`` builtins), not from a plan. A
-    library call (``call_dps_packed``: no zoo model has one) would count as a kernel too."""
-    device = device or tvm.cpu()
-    vm = relax.VirtualMachine(ex, device)
+    """The kernels one run of ``main`` launches, in order (see :func:`run`)."""
     calls: list[str] = []
-
-    def instrument(_func, symbol, before_run, _ret, *_args) -> int:
-        if before_run and not symbol.startswith("vm."):
-            calls.append(symbol)
-        return 0  # VMInstrumentReturnKind.kNoOp: run the call as usual
-
-    vm.set_instrument(instrument)
-    vm["main"](*[tvm.runtime.tensor(v, device) for v in inputs.values()])
+    run(ex, inputs, device, calls)
     return calls
 
 
@@ -89,8 +92,19 @@ def interleaved_medians(
     repeat: int = 7,
     device=None,
 ) -> dict[str, float]:
-    """Median seconds per variant, measured side by side: rounds alternate between variants so
-    the drift of a shared machine hits all alike.
+    """Median seconds per variant of :func:`interleaved_samples`."""
+    samples = interleaved_samples(executables, inputs, repeat, device)
+    return {k: float(np.median(x)) for k, x in samples.items()}
+
+
+def interleaved_samples(
+    executables: Mapping[str, tvm.runtime.Executable],
+    inputs: Mapping[str, np.ndarray],
+    repeat: int = 7,
+    device=None,
+) -> dict[str, list[float]]:
+    """``repeat`` samples (seconds) per variant, measured side by side: rounds alternate
+    between variants so the drift of a shared machine hits all alike.
 
     Each round takes one ``time_evaluator`` sample per variant (>= 50 ms of back-to-back calls,
     averaged). A variant faster than ``_REWARM_BELOW_S`` gets one untimed call before each
@@ -115,7 +129,7 @@ def interleaved_medians(
             if rewarm[k]:
                 vms[k]["main"](*args)
             samples[k].append(float(timer(*args).mean))
-    return {k: float(np.median(x)) for k, x in samples.items()}
+    return samples
 
 
 def max_mismatch(

@@ -28,7 +28,7 @@ from tvm.relax.frontend import nn
 
 from . import synthetic
 
-__all__ = ["load", "load_onnx", "load_torch", "names"]
+__all__ = ["load", "load_onnx", "load_torch", "load_variant", "names", "variant_name"]
 
 _F32 = "float32"
 
@@ -561,6 +561,17 @@ def load(name: str, *, small: bool = False) -> tuple[tvm.IRModule, dict[str, np.
     bind = {var: weights[path] for var, (path, _) in zip(weight_vars, params, strict=True)}
     mod = relax.transform.BindParams("forward", bind)(mod)
     return _as_main(mod, "forward"), inputs
+
+
+def variant_name(name: str, small: bool) -> str:
+    """How measurement records name a model variant: ``bert_layer``, ``bert_layer@small``."""
+    return f"{name}@small" if small else name
+
+
+def load_variant(model: str) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+    """:func:`load` for a name written by :func:`variant_name` (as stored in the databases)."""
+    name, _, size = model.partition("@")
+    return load(name, small=size == "small")
 
 
 # --------------------------------------------------------------------------------------------

@@ -102,8 +102,6 @@ def _parallel_efficiency(elems: int, dtype_bytes: int, target) -> float:
     return min(1.0, max(elems, 1) / full)
 
 
-
-
 def _work(f: GroupFeatures) -> tuple[tuple, ...]:
     """Per-op (is_contraction, FLOPs, output elements[, in_prologue]); one entry for the whole
     group when the features carry no per-op split."""

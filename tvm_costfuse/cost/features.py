@@ -81,12 +81,10 @@ class GroupFeatures:
     reshaping_ops: int = 0  # data-movement members (transpose, reshape, split) outside a prologue
     window_reductions: int = 0  # pooling: overlapping windows, not one pass over an axis
     # Not part of the learned model's fixed-length vector: sizes of the tensors crossing the
-    # boundary (where each is served from depends on its own size), the contraction's output
-    # rank, extra tuple elements read from multi-output members outside the prologue (a split
+    # boundary (where each is served from depends on its own size), extra tuple elements read from multi-output members outside the prologue (a split
     # fans one tensor out into several; batch_norm's single used element does not), and
     # prologue members that compute rather than move data (what a contraction rule can take).
     boundary_sizes: tuple[int, ...] = ()
-    contraction_rank: int = 0
     tuple_items: int = 0
     prologue_compute: int = 0
     # Tensors the group hands to the rest of the program, and reordering data movement
@@ -177,10 +175,11 @@ class GroupFeatures:
         - CPU: our row-reduction rule needs every block on the rows of the last one, so a
           reduction group that hands out a second tensor (an elementwise member read outside
           the group besides the reduced result) or transposes after its reduction falls back
-          (a reshape keeps the rows): checked by applying the rules to the 150 measured
-          reduction groups of the zoo and the synthetic programs, all 49 such groups fell back
-          and all 101 others took the rule (fused/unfused measured up to 2.6x slower where the
-          model had said 0.95); ``tests/test_features.py`` repeats the check.
+          (a reshape keeps the rows): ``scripts/check_reduction_class.py`` applies the rules
+          to the 150 measured reduction groups of the zoo and the synthetic programs (49 fell
+          back, 101 took the rule, no disagreement; synth-0's ``mul + mul1 + square1 + mean1``
+          measured 2.6x slower fused than its parts); ``tests/test_features.py`` repeats the
+          check on two small programs.
         - Both: a split epilogue (several elements of one tuple read after the contraction;
           ``tuple_items``) lands in the fallback: TVM 0.27 fails to lower it on CUDA
           ("matmul_intermediate_reindex is used before its definition") and our CPU rule
@@ -201,7 +200,7 @@ class GroupFeatures:
             self.reshaping_ops) else "fallback"
 
 
-_NOT_LEARNED = ("boundary_sizes", "contraction_rank", "tuple_items", "prologue_compute",
+_NOT_LEARNED = ("boundary_sizes", "tuple_items", "prologue_compute",
                 "n_outputs", "moves_after_reduction", "view_ops", "op_work")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)
 
@@ -291,8 +290,6 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         dtype_bytes=_itemsize(dtype),
         prologue_ops=len(prologue),
         boundary_sizes=tuple(ext_in.values()) + tuple(n.bytes_written for n in outputs),
-        contraction_rank=max((len(n.outputs[0].shape) for n in nodes
-                              if classes[n.name] == "contraction"), default=0),
         tuple_items=sum(max(0, sum(graph[r].kind == "tuple_get_item"
                                    for r in graph.consumers.get(n.name, ())) - 1)
                         for n in nodes if n.name not in prologue and len(n.outputs) > 1),
