@@ -15,6 +15,19 @@ time as the base margin):
 each trained on the zoo only, or with the synthetic programs too (``+synth``; every synthetic
 program weighted as one architecture, or all of them as one).
 
+Then, zoo only (session 4), what else could carry to a held-out architecture:
+
+- ``regression, loose``: the committed model with little regularization (lambda 1, depth 6,
+  200 rounds): can the trees simply learn more?
+- ``recalibrated terms``: no trees; the analytical terms (launch, max and min of memory and
+  compute, spill) with one non-negative multiplier per term and schedule class, fit by relative
+  least squares: a smooth correction gives a merged group and its parts correlated errors;
+- ``pair classifier``: XGBoost on the pairs themselves (fuse or not), starting from the
+  analytical verdict (base margin 20 x its log ratio) with shallow trees;
+- ``database lookup``: a held-out kernel whose workload another architecture measured
+  (same workload hash) takes that measured time; the others keep the analytical (or the
+  committed learned) estimate.
+
     TVM_COSTFUSE_CALIBRATION=none python scripts/learned_variants.py
 """
 
@@ -140,6 +153,116 @@ def _score(d: Data, held_units: list[str], variant: str, with_synth: bool,
     return h_a / n, h_l / n, tuple(err_a), tuple(err_l)
 
 
+def _zoo_lomo(d: Data, predict) -> float:
+    """Decision accuracy over the zoo, each architecture held out in turn; ``predict(train,
+    test)`` returns predicted seconds for the rows in ``test`` (boolean masks)."""
+    zoo = ~d.synth
+    pred = np.zeros(len(d.rows))
+    for unit in sorted(set(d.unit[zoo])):
+        test = d.unit == unit
+        pred[test] = predict(zoo & ~test, test)
+    return _pair_accuracy(d, pred, zoo)
+
+
+def _pair_accuracy(d: Data, pred: np.ndarray, mask: np.ndarray) -> float:
+    meas = np.exp(d.y)
+    says = [(meas[u] < meas[a] + meas[b]) == (pred[u] < pred[a] + pred[b])
+            for a, b, u in d.pairs if mask[u]]
+    return sum(says) / len(says)
+
+
+def _loose(d: Data, train, test) -> np.ndarray:
+    params = {**learned._PARAMS, "reg_lambda": 1.0, "min_child_weight": 1.0, "max_depth": 6,
+              "eta": 0.1}
+    dm = xgb.DMatrix(d.x[train], label=d.y[train], base_margin=d.margin[train],
+                     weight=_weights(d.unit[train], False))
+    booster = xgb.train(params, dm, num_boost_round=200)
+    return np.exp(booster.predict(xgb.DMatrix(d.x[test], base_margin=d.margin[test]),
+                                  output_margin=True))
+
+
+def _term_matrix(d: Data) -> np.ndarray:
+    """Per row: (launch, max(memory, compute), min(memory, compute), spill) in the column block
+    of its schedule class, zero elsewhere."""
+    from tvm_costfuse.cost.analytical import estimate
+
+    classes = learned._SCHEDULES
+    out = np.zeros((len(d.rows), 4 * len(classes)))
+    for i, row in enumerate(d.rows):
+        f = learned._features_of(row)
+        b = estimate(f, d.desc).breakdown
+        k = 4 * classes.index(f.schedule_on(d.desc.kind))
+        out[i, k:k + 4] = (b["launch"], max(b["memory"], b["compute"]),
+                           min(b["memory"], b["compute"]), b["spill"])
+    return out
+
+
+def _recalibrated(d: Data, terms: np.ndarray, train, test) -> np.ndarray:
+    # scipy (an xgboost dependency) for non-negative least squares: a multiplier below zero
+    # would make a cost term a gain.
+    from scipy.optimize import nnls
+
+    meas = np.exp(d.y[train])
+    w = np.sqrt(_weights(d.unit[train], False))
+    coef, _ = nnls(terms[train] / meas[:, None] * w[:, None], w)
+    return terms[test] @ coef
+
+
+def _pair_classifier(d: Data) -> float:
+    meas, est = np.exp(d.y), np.exp(d.margin)
+    a, b, u = d.pairs.T
+    prior = -20 * np.log(est[u] / (est[a] + est[b]))  # > 0: the analytical model says fuse
+    x = np.hstack([prior[:, None], d.x[u], d.x[u] - np.maximum(d.x[a], d.x[b])])
+    label = (meas[u] < meas[a] + meas[b]).astype(float)
+    unit, zoo = d.unit[u], ~d.synth[u]
+    params = {"objective": "binary:logistic", "max_depth": 2, "eta": 0.05, "reg_lambda": 20.0,
+              "min_child_weight": 5.0, "seed": 0, "nthread": 1}
+    says = np.zeros(len(u), dtype=bool)
+    for held in sorted(set(unit[zoo])):
+        train, test = zoo & (unit != held), unit == held
+        dm = xgb.DMatrix(x[train], label=label[train], base_margin=prior[train],
+                         weight=_weights(unit[train], False))
+        booster = xgb.train(params, dm, num_boost_round=100)
+        says[test] = booster.predict(xgb.DMatrix(x[test], base_margin=prior[test]),
+                                     output_margin=True) > 0
+    return float(np.mean(says[zoo] == label[zoo].astype(bool)))
+
+
+def _lookup(d: Data, fallback, train, test) -> np.ndarray:
+    hashes = np.array([r["workload_hash"] for r in d.rows])
+    known: dict[str, list[float]] = {}
+    for i in np.flatnonzero(train):
+        known.setdefault(hashes[i], []).append(math.exp(d.y[i]))
+    pred = fallback(d, train, test)
+    for j, i in enumerate(np.flatnonzero(test)):
+        if hashes[i] in known:
+            pred[j] = float(np.median(known[hashes[i]]))
+    return pred
+
+
+def _committed(d: Data, train, test) -> np.ndarray:
+    booster, _ = _fit(d, train, "regression", False)
+    return np.exp(booster.predict(xgb.DMatrix(d.x[test], base_margin=d.margin[test]),
+                                  output_margin=True))
+
+
+def other_variants(d: Data) -> None:
+    terms = _term_matrix(d)
+    analytical = lambda _d, _train, test: np.exp(d.margin[test])  # noqa: E731
+    print(f"\n{'zoo only, leave one architecture out':<40}{'decision accuracy':>18}")
+    for label, acc in (
+        ("analytical", _pair_accuracy(d, np.exp(d.margin), ~d.synth)),
+        ("regression, loose", _zoo_lomo(d, lambda tr, te: _loose(d, tr, te))),
+        ("recalibrated terms", _zoo_lomo(d, lambda tr, te: _recalibrated(d, terms, tr, te))),
+        ("pair classifier", _pair_classifier(d)),
+        ("database lookup + analytical",
+         _zoo_lomo(d, lambda tr, te: _lookup(d, analytical, tr, te))),
+        ("database lookup + regression",
+         _zoo_lomo(d, lambda tr, te: _lookup(d, _committed, tr, te))),
+    ):
+        print(f"{label:<40}{acc:>18.3f}", flush=True)
+
+
 def main() -> None:
     d = Data()
     zoo_units = sorted(set(d.unit[~d.synth]))
@@ -156,6 +279,7 @@ def main() -> None:
             sa, sl, _, _ = _score(d, syn_units, variant, with_synth, as_one)
             print(f"{label:<34}{za:>12.3f}{zl:>7.3f}{sa:>19.3f}{sl:>7.3f}"
                   f"{f'{ea[0]}/{ea[1]}':>30}{f'{el[0]}/{el[1]}':>9}", flush=True)
+    other_variants(d)
 
 
 if __name__ == "__main__":
