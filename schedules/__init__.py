@@ -40,6 +40,18 @@ def host_target(num_cores: int | None = None) -> Target:
     return Target({"kind": "llvm", "mcpu": cpu, "num-cores": int(n)})
 
 
-def schedule_pass(target: Target) -> tvm.transform.Pass:
-    """``ApplyDefaultSchedule`` with the CPU rules; run it after FuseTIR under ``with target``."""
-    return dl.ApplyDefaultSchedule(*rules())
+def schedule_pass(target: Target, prepack: bool = True) -> tvm.transform.Pass:
+    """``ApplyDefaultSchedule`` with the CPU rules; run it after FuseTIR under ``with target``.
+
+    Around it, constant contraction weights are marked and then packed tile-major at compile
+    time (``prepack``). The marking comes after any tuned schedules were applied (they match
+    their database records by the unmarked PrimFunc) and the rules skip scheduled PrimFuncs.
+    ``prepack=False`` leaves every weight in its own layout (``scripts/prepack_effect.py``).
+    """
+    from .prepack import mark_constant_weights, pack_constants
+
+    if not prepack:
+        return dl.ApplyDefaultSchedule(*rules())
+    return tvm.transform.Sequential(
+        [mark_constant_weights, dl.ApplyDefaultSchedule(*rules()), pack_constants],
+        name="CostFuseCPUSchedules")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import tvm_ffi
@@ -21,6 +22,9 @@ from ._common import (
     vector_tile,
 )
 from ._loops import SafeRule, loop_kinds, parallelize, schedule_rest
+from .prepack import pack_streamed_operand
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class _ContractionShape:
     vec: tirx.Var  # block var of the output's last index: the vectorized axis
     row: tirx.Var | None  # block var blocked into registers (not read by the streamed operand)
     streamed_larger: bool  # the operand indexed by `vec` holds more elements than the other
+    streamed: tirx.Var  # the buffer indexed by `vec` (its last index is exactly `vec`)
 
 
 def _load(expr):
@@ -94,7 +99,8 @@ def _analyze_contraction(block: s_tir.SBlock) -> _ContractionShape | None:
             n *= int(s) if isinstance(s, tirx.IntImm) else 1 << 20
         return n
 
-    return _ContractionShape(vec, row, _numel(streamed) >= _numel(other))
+    return _ContractionShape(vec, row, _numel(streamed) >= _numel(other),
+                             streamed.source if streamed.indices[-1].same_as(vec) else None)
 
 
 class Contraction(SafeRule):
@@ -182,5 +188,10 @@ class Contraction(SafeRule):
             if len(blk_loops) > 1 and (int_extent(sch, blk_loops[-1]) or 0) > 1:
                 sch.vectorize(blk_loops[-1])
         done = {sch.get(b).name_hint for b in (main, init, writeback)}
+        if shape.streamed is not None:
+            try:
+                pack_streamed_operand(sch, main, shape.streamed, vtile)
+            except s_tir.ScheduleError as err:  # the kernel is still right, only unpacked
+                _log.warning("%s: weight left unpacked: %s", name, str(err).splitlines()[0])
         schedule_rest(sch, target, done)
         return sch

@@ -101,6 +101,25 @@ def test_group_kernel_is_one_primfunc():
     assert len(ms.arg_info.ArgInfo.from_prim_func(func)) == 4
 
 
+def test_group_kernel_packs_constant_weights_as_a_model_build_does():
+    # The feedback loop must time the kernel a model runs: there, our CPU rules read constant
+    # contraction weights tile-major (schedules/prepack.py); the measured kernel takes the
+    # packed weight as a (randomly filled) input of the packed shape, and still builds and runs.
+    mod, _ = prepared("mlp_gelu")
+    graph = build_graph(mod)
+    func = feedback.group_kernel(mod, graph, ("matmul", "add", "gelu"))
+    assert list(func.attrs["layout_free_buffers"]) == [1, 2]  # the weight and the bias
+    target = host_target()
+    scheduled, _ = feedback.schedule_kernel(func, target)
+    shapes = [tuple(int(d) for d in i.shape)
+              for i in ms.arg_info.ArgInfo.from_prim_func(scheduled)]
+    weight = tuple(int(d) for d in func.params[1].shape)
+    assert weight not in shapes and len(shapes[1]) == 3
+    assert shapes[1][1] == weight[0] and shapes[1][0] * shapes[1][2] == weight[1]
+    secs = build_and_time(tvm.ir.save_json(scheduled), target.export(), 1, 2, 5, 1)
+    assert len(secs) == 2 and all(s > 0 for s in secs)
+
+
 def test_multi_output_kernel_is_timed_through_the_vm():
     # gpt2's split hands three tensors on: the VM program must return all three, and a short
     # kernel is timed per call of a chain (the chain's entry cost spread over its calls).

@@ -90,11 +90,14 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
                              ) -> tuple[tvm.tirx.PrimFunc, int]:
     """:func:`group_kernel` and how many of its trailing parameters are outputs
     (destination-passing style: inputs first, then outputs)."""
+    from .schedules.prepack import mark_constant_weights  # schedules import this package
+
     members = list(members)
     calls = [n for n in members if graph[n].kind == "call_tir"]
     if len(calls) == 1:
         node = graph[calls[0]]
-        return prepared[node.prim_func], len(node.outputs)
+        # Marked as in a model build, so the CPU rules pack its constant weights alike.
+        return mark_constant_weights(prepared)[node.prim_func], len(node.outputs)
     grouped = apply_partition(prepared, [members], graph.func_name)
     names = [gv.name_hint for gv, f in grouped.functions.items()
              if isinstance(f, relax.Function) and "Primitive" in (f.attrs or {})]
@@ -102,7 +105,7 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
         raise ValueError(f"group {members} made {len(names)} grouped functions, not 1")
     ret = grouped[names[0]].ret_ty
     n_out = len(ret.fields) if isinstance(ret, relax.TupleType) else 1
-    return relax.transform.FuseTIR()(grouped)[names[0]], n_out
+    return mark_constant_weights(relax.transform.FuseTIR()(grouped))[names[0]], n_out
 
 
 def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):

@@ -1,0 +1,160 @@
+"""Weight pre-packing for CPU contractions: a constant operand is stored tile-major at compile time.
+
+Why: the contraction rule streams its vector operand (a linear layer's ``(K, N)`` weight) one
+``vtile``-wide row slice per reduction step, i.e. ``vtile * 4`` bytes out of every ``N * 4``. A
+9.4 MB weight is then touched a few lines per 4 KiB page across thousands of pages, and how
+those lines land in the physically indexed L2 depends on where the allocator put the weight:
+the same compiled kernel measured 5.8 or 7.5-7.9 ms (mlp_gelu's 3072x768 matmul) depending on
+the allocation, which is most of the 8-13% that separate builds of one plan differed by
+(``scripts/build_spread.py``). Stored as ``(N / vtile, K, vtile)``, each tile's panel is one
+contiguous stream: 5.5 ms for every allocation.
+
+How:
+
+1. :func:`mark_constant_weights` (before scheduling) lists, per PrimFunc, the parameters bound
+   to a Relax constant at every call site, in the ``layout_free_buffers`` attribute that
+   meta-schedule uses for the same purpose. TVM's ``AttachAttrLayoutFreeBuffers`` also marks
+   weights passed as function inputs; packing those would need a repacking kernel on every
+   call, so only constants are marked here.
+2. The contraction rule (:func:`pack_streamed_operand`) transforms such a parameter's layout to
+   tile-major (``transform_layout`` on the parameter: the PrimFunc now takes the packed shape).
+3. :func:`pack_constants` (after scheduling) replaces each such constant argument at the call
+   sites with its packed copy, so the built model has the same kernels reading packed weights.
+
+TVM's own route (a ``meta_schedule.layout_rewrite_preproc`` block, ``SplitLayoutRewritePreproc``
+and ``FoldConstant``) is not used: ``SplitLayoutRewritePreproc`` visits every PrimFunc of the
+module and fails on ones that are not a root block of blocks (``cumsum`` legalizes to one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+
+__all__ = ["mark_constant_weights", "pack_constants", "pack_streamed_operand", "packed"]
+
+LAYOUT_FREE = "layout_free_buffers"
+
+
+@tvm.transform.module_pass(opt_level=0, name="CostFuseMarkConstantWeights")
+def mark_constant_weights(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Set ``layout_free_buffers`` on each PrimFunc: the argument positions that are a Relax
+    constant in every ``call_tir`` of it (weights bound into the model)."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    constant_at: dict[str, set[int]] = {}
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
+            name = expr.args[0].name_hint
+            args = expr.args[1].fields
+            here = {i for i, a in enumerate(args) if isinstance(a, tvm.ir.expr.GenericConst)}
+            constant_at[name] = constant_at.get(name, here) & here
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    updates = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc) and constant_at.get(gv.name_hint):
+            updates[gv] = func.with_attr(LAYOUT_FREE, sorted(constant_at[gv.name_hint]))
+    for gv, func in updates.items():
+        mod[gv] = func
+    return mod
+
+
+def _layout_free(sch: s_tir.Schedule) -> list[tirx.Var]:
+    func = sch.mod["main"]
+    attrs = func.attrs
+    if attrs is None or LAYOUT_FREE not in attrs:
+        return []
+    return [func.params[int(i)] for i in attrs[LAYOUT_FREE]]
+
+
+def pack_streamed_operand(sch: s_tir.Schedule, block, buffer, vtile: int) -> bool:
+    """Store ``buffer`` (a parameter read by ``block`` with the vectorized output index last)
+    as ``(n / vtile, ..., vtile)`` when it is a constant weight; whether it did."""
+    if not any(p.same_as(buffer) for p in _layout_free(sch)):
+        return False
+    shape = [int(s) for s in buffer.shape] if all(
+        isinstance(s, tirx.IntImm) for s in buffer.shape) else None
+    if not shape or len(shape) < 2 or shape[-1] % vtile or shape[-1] == vtile:
+        return False  # dynamic, 1-D, ragged, or already one tile wide: nothing to gain
+    blocks: list = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, (s_tir.SBlock, blocks.append), order="post")
+    if sum(r.source.same_as(buffer) for b in blocks for r in b.reads) != 1:
+        return False  # another block reads it in the original layout
+    at = next(i for i, r in enumerate(sch.get(block).reads) if r.source.same_as(buffer))
+    sch.transform_layout(block, ("read", at), tirx.IndexMap.from_func(
+        lambda *idx: (idx[-1] // vtile, *idx[:-1], idx[-1] % vtile), ndim=len(shape)))
+    return True
+
+
+def packed(value: np.ndarray, tile: int) -> np.ndarray:
+    """``value`` in the layout :func:`pack_streamed_operand` gives its parameter."""
+    *outer, n = value.shape
+    return np.ascontiguousarray(np.moveaxis(value.reshape(*outer, n // tile, tile), -2, 0))
+
+
+@tvm.transform.module_pass(opt_level=0, name="CostFusePackConstants")
+def pack_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Pass each packed parameter its packed constant: where a ``call_tir`` argument is a
+    constant whose shape differs from the PrimFunc parameter's, the parameter must be the
+    tile-major layout of it (anything else is an error, never a silent reshape).
+
+    The schedule changed packed PrimFuncs' signatures under their old GlobalVar, whose type
+    (what call sites are checked against) still has the old shapes: every marked PrimFunc is
+    re-added under a fresh GlobalVar, without the marking."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    marked = {gv: func for gv, func in mod.functions.items()
+              if isinstance(func, tirx.PrimFunc) and func.attrs is not None
+              and LAYOUT_FREE in func.attrs}
+    if not marked:
+        return mod
+    rest = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in marked},
+                        attrs=mod.attrs)
+    cache: list[tuple[relax.Expr, int, relax.Expr]] = []
+    renamed: dict[str, tvm.ir.GlobalVar] = {}
+
+    @relax.expr_functor.mutator
+    class _Repack(relax.PyExprMutator):
+        def visit_call_(self, call):  # noqa: N802 -- PyExprMutator's hook name
+            call = super().visit_call_(call)
+            if not call.op.same_as(call_tir) or call.args[0] not in marked:
+                return call
+            old = call.args[0]
+            func = marked[old]
+            if old.name_hint not in renamed:
+                renamed[old.name_hint] = self.builder_.add_func(
+                    func.without_attr(LAYOUT_FREE), old.name_hint)
+            args = list(call.args[1].fields)
+            for i, (arg, param) in enumerate(zip(args, func.params, strict=False)):
+                if isinstance(arg, tvm.ir.expr.GenericConst):
+                    args[i] = _packed_argument(old.name_hint, i, arg, param, cache)
+            return relax.Call(call.op, [renamed[old.name_hint], relax.Tuple(args),
+                                        *call.args[2:]], call.attrs, call.ty_args)
+
+    mutator = _Repack(rest)
+    for gv, func in list(rest.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
+def _packed_argument(kernel: str, index: int, arg, param, cache) -> relax.Expr:
+    """``arg`` as parameter ``param`` takes it: itself, or its tile-major packing."""
+    want = tuple(int(d) for d in param.shape)
+    have = tuple(arg.value.shape)
+    if want == have:
+        return arg
+    tile = want[-1]
+    if have[-1] % tile or want != (have[-1] // tile, *have[:-1], tile):
+        raise ValueError(f"{kernel}: parameter {index} has shape {want}, its constant "
+                         f"argument {have}: not the tile-major packing of it")
+    for seen, seen_tile, done in cache:  # one packed copy per (constant, tile)
+        if seen.same_as(arg) and seen_tile == tile:
+            return done
+    done = relax.const(packed(arg.value.numpy(), tile))
+    cache.append((arg, tile, done))
+    return done
