@@ -119,7 +119,7 @@ def pack_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
     @relax.expr_functor.mutator
     class _Repack(relax.PyExprMutator):
-        def visit_call_(self, call):  # noqa: N802 -- PyExprMutator's hook name
+        def visit_call_(self, call):
             call = super().visit_call_(call)
             if not call.op.same_as(call_tir) or call.args[0] not in marked:
                 return call

@@ -21,7 +21,6 @@ from tvm_costfuse.cost.features import group_features
 from tvm_costfuse.planner import initial_units
 from tvm_costfuse.targets import preset
 
-
 MODELS = ("mlp_gelu", "attention", "conv_bn_relu", "layernorm_mlp", "rmsnorm",
           "elementwise_chain", "gpt2_block")
 # Measured with the analytical model as of this test's commit: MAE 6.96 registers over 28

@@ -14,8 +14,6 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.script import tirx as T
-from tvm_costfuse.measure import max_mismatch, run
-from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.schedules import (
     Contraction,
     Fallback,
@@ -24,6 +22,9 @@ from tvm_costfuse.schedules import (
     rules,
     schedule_pass,
 )
+
+from tvm_costfuse.measure import max_mismatch, run
+from tvm_costfuse.strategies import strategy_pipeline
 
 TARGET = host_target(2)
 RTOL, ATOL = 1e-4, 1e-5

@@ -59,9 +59,9 @@ def test_bad_config_values_are_clear_errors() -> None:
     with pytest.raises(Exception, match="costfuse.max_chain_length"):
         tvm.transform.PassContext(config={"costfuse.max_chain_length": "eight"})
     mod = prepared("rmsnorm")[0]
-    with tvm.transform.PassContext(config={"costfuse.max_body_ops": 0}):
-        with pytest.raises(ValueError, match="costfuse.max_body_ops"):
-            _plan(mod)
+    with (tvm.transform.PassContext(config={"costfuse.max_body_ops": 0}),
+          pytest.raises(ValueError, match="costfuse.max_body_ops")):
+        _plan(mod)
 
 
 def test_named_pipeline() -> None:

@@ -191,7 +191,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
         raise ValueError(f"module has no function named {func_name!r}")
     func = mod[func_name]
     if not isinstance(func, relax.Function):
-        raise ValueError(f"{func_name!r} is not a Relax function")
+        raise TypeError(f"{func_name!r} is not a Relax function")
     binding_name_map(func)  # validates unique names
 
     param_names = {p: p.name for p in func.params}
