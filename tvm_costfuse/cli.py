@@ -121,7 +121,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     target = host_target()
     work_dir = args.work_dir or default_work_dir(target)
     mod, _ = zoo.load(args.model, small=args.small)
-    model_name = f"{args.model}@{'small' if args.small else 'full'}"
+    model_name = zoo.variant_name(args.model, args.small)  # as the scripts record it
     prepared = prepare(mod, target)
     desc = for_target(target)
     before = plan_module(prepared, desc, FusionConfig(cost_model="analytical"))
