@@ -143,7 +143,9 @@ def main() -> None:
         f"target {target}  small={args.small}  repeat={args.repeat}  builds={args.builds}  "
         f"torch={torch.__version__ if with_torch else 'no'}"
     )
-    print(f"{'model':<18}" + "".join(f"{c + ' ms':>16}" for c in columns) + "  tvm err  torch err")
+    width = {c: max(16, len(c) + 5) for c in columns}  # "costfuse-measured ms" and a gap
+    print(f"{'model':<18}" + "".join(f"{c + ' ms':>{width[c]}}" for c in columns)
+          + "  tvm err  torch err")
     times: dict[str, list[float]] = {c: [] for c in columns}
     for name in names:
         mod, inputs = zoo.load(name, small=args.small)
@@ -164,7 +166,7 @@ def main() -> None:
             times[c].append(t[c])
         print(
             f"{name:<18}"
-            + "".join(f"{t[c] * 1e3:>16.3f}" for c in columns)
+            + "".join(f"{t[c] * 1e3:>{width[c]}.3f}" for c in columns)
             + f"  {err:7.2g}  {torch_err:9.2g}",
             flush=True,
         )

@@ -12,8 +12,9 @@ evaluate: for each zoo model held out, train the learned model on the others' re
 compare it with the analytical model on the held-out model's records:
 - decision accuracy on candidate pairs (left, right, left+right all measured): does
   predicted(fused) < predicted(left) + predicted(right) agree with the measured times?
-- Kendall tau of predicted vs measured kernel times over the model's measured groups.
-Then the same scores on each measured synthetic program (``synth-<seed>``, never trained on
+- Kendall tau of predicted vs measured kernel times over the model's measured groups;
+and the measured cost model (``cost.measured``: a held-out group that another model measured
+priced by that measurement, the rest analytically; ``acc meas``). Then the same scores on each measured synthetic program (``synth-<seed>``, never trained on
 by default): a test on programs no zoo architecture resembles. ``--train-synthetic`` adds the
 other programs to every training set (and the synthetic rows to the zoo hold-outs' training).
     python scripts/eval_cost_model.py evaluate [--train-synthetic]
@@ -31,6 +32,7 @@ from tvm_costfuse.schedules import host_target
 from tvm_costfuse import synthetic, zoo
 from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _features_of, train, train_rows
+from tvm_costfuse.cost.measured import MeasuredModel
 from tvm_costfuse.database import GroupDatabase, default_work_dir
 from tvm_costfuse.feedback import MeasureConfig, feature_row, measure_model
 from tvm_costfuse.graph import build_graph
@@ -106,20 +108,22 @@ def _scores(rows, pred: dict[int, float]) -> tuple[float, float, int, float]:
     return tau, hits / n if n else float("nan"), n, fused / n if n else float("nan")
 
 
-def _score_rows(label: str, group: list[dict], model, desc) -> tuple[float, float, int, int,
-                                                                   list, list]:
-    """Print one table line; returns (acc analytical, acc learned, pairs, fallbacks, analytical
-    and learned predictions in ``group`` order)."""
+def _score_rows(label: str, group: list[dict], model, desc, measured) -> tuple:
+    """Print one table line; returns (acc analytical, acc learned, acc measured, pairs,
+    fallbacks, analytical and learned predictions in ``group`` order)."""
     a_est = {id(r): estimate(_features_of(r), desc).seconds for r in group}
     l_full = {id(r): model(_features_of(r), desc) for r in group}
+    m_est = {id(r): measured(_features_of(r), desc).seconds for r in group}
     fell = sum(e.confidence == FALLBACK_CONFIDENCE for e in l_full.values())
     l_est = {k: e.seconds for k, e in l_full.items()}
     tau_a, acc_a, n, fused = _scores(group, a_est)
     tau_l, acc_l, _, _ = _scores(group, l_est)
+    _, acc_m, _, _ = _scores(group, m_est)
     print(f"{label:<24}{len(group):>7}{n:>7}{100 * fused:>6.0f}%"
-          f"{acc_a:>12.2f}{acc_l:>9.2f}{tau_a:>12.2f}{tau_l:>9.2f}"
+          f"{acc_a:>12.2f}{acc_l:>9.2f}{acc_m:>10.2f}{tau_a:>12.2f}{tau_l:>9.2f}"
           f"{f'{fell}/{len(group)}':>10}")
-    return (acc_a, acc_l, n, fell, [a_est[id(r)] for r in group], [l_est[id(r)] for r in group])
+    return (acc_a, acc_l, acc_m, n, fell, [a_est[id(r)] for r in group],
+            [l_est[id(r)] for r in group])
 
 
 def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_records: int
@@ -127,20 +131,25 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_rec
     """Hold out each unit in turn (its rows by model variant), train on ``train_for(unit)``,
     print per-variant lines and the pooled line."""
     head = (f"{title:<24}{'groups':>7}{'pairs':>7}{'fuse%':>7}"
-            f"{'acc analyt':>12}{'acc xgb':>9}{'tau analyt':>12}{'tau xgb':>9}{'fallback':>10}")
+            f"{'acc analyt':>12}{'acc xgb':>9}{'acc meas':>10}{'tau analyt':>12}{'tau xgb':>9}"
+            f"{'fallback':>10}")
     print(head)
     print("-" * len(head))
-    pairs = hits_a = hits_l = 0
+    pairs = hits_a = hits_l = hits_m = 0
     meas, all_a, all_l = [], [], []
     for unit, held in held_out.items():
-        model = train_rows(train_for(unit), desc, min_records=min_records)
+        train = train_for(unit)
+        model = train_rows(train, desc, min_records=min_records)
+        measured = MeasuredModel.from_rows(train)
         for variant in sorted({r["model"] for r in held}):
             group = [r for r in held if r["model"] == variant]
-            acc_a, acc_l, n, _, a, lrn = _score_rows(variant, group, model, desc)
+            acc_a, acc_l, acc_m, n, _, a, lrn = _score_rows(variant, group, model, desc,
+                                                             measured)
             if n:
                 pairs += n
                 hits_a += acc_a * n
                 hits_l += acc_l * n
+                hits_m += acc_m * n
             meas += [_median(r) for r in group]
             all_a += a
             all_l += lrn
@@ -149,7 +158,7 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_rec
         print("all: no measured pairs to score")
         return
     print(f"{'all (pairs pooled)':<24}{len(meas):>7}{pairs:>7}{'':>7}"
-          f"{hits_a / pairs:>12.2f}{hits_l / pairs:>9.2f}"
+          f"{hits_a / pairs:>12.2f}{hits_l / pairs:>9.2f}{hits_m / pairs:>10.2f}"
           f"{kendalltau(meas, all_a).statistic:>12.2f}{kendalltau(meas, all_l).statistic:>9.2f}")
     print()
 

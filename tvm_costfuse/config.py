@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 PREFIX = "costfuse."
-COST_MODELS = ("analytical", "xgb")
+COST_MODELS = ("analytical", "xgb", "measured")
 SEARCHES = ("greedy", "exact")
 
 # PassContext key -> TVM type string ("int" or "str", what ``PassContext.list_configs`` shows).
@@ -87,7 +87,9 @@ class FusionConfig:
     # (CPU groups are priced against the target's vector registers instead.) Floor 16: no
     # useful kernel fits below it.
     register_budget: int = 255
-    # "analytical" (roofline-style estimate, no training data) or "xgb" (learned from measured runs).
+    # "analytical" (roofline-style estimate, no training data), "xgb" (learned from measured
+    # runs) or "measured" (groups measured in tuning_logs/ priced by their measurement, the
+    # rest analytically).
     cost_model: str = "analytical"
     # "greedy" (pairwise merges by score) or "exact" (enumerate legal partitions; small graphs).
     search: str = "greedy"

@@ -5,7 +5,8 @@
 - ``none``: no fusion, our schedules; ``tvm``: FuseOps, our schedules;
 - ``rules``: pattern rules plus canonical patterns (``rules.RulesFuse``), our schedules;
 - ``costfuse``: the CostFuse pass, our schedules; ``costfuse-xgb``: the same with the learned
-  cost model (needs one trained in ``tuning_logs/``).
+  cost model (needs one trained in ``tuning_logs/``); ``costfuse-measured``: with the measured
+  cost model (measurements in ``tuning_logs/``, analytical for the rest).
 Every strategy but ``stock`` shares the schedules, so their differences are fusion alone.
 """
 
@@ -20,7 +21,8 @@ from .transform import CostFuse
 
 STRATEGIES = ("stock", "none", "tvm", "rules", "costfuse")
 # Named variants: a strategy with fixed options (not in STRATEGIES: they need trained data).
-_VARIANTS = {"costfuse-xgb": ("costfuse", {"cost_model": "xgb"})}
+_VARIANTS = {"costfuse-xgb": ("costfuse", {"cost_model": "xgb"}),
+             "costfuse-measured": ("costfuse", {"cost_model": "measured"})}
 
 
 def split_strategy(strategy: str) -> tuple[str, dict]:

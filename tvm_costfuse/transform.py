@@ -44,6 +44,10 @@ def plan_module(
         from .cost.learned import load_model
 
         model = load_model(target)
+    elif config.cost_model == "measured":
+        from .cost.measured import load_measured
+
+        model = load_measured(target)
     if config.search == "exact" and not frozen:
         plan = plan_exact(graph, target, config, model)
     else:
