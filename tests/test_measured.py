@@ -69,10 +69,10 @@ def test_no_measurements_answers_analytically_and_says_so(tmp_path, caplog):
 
 def test_measured_cost_model_through_passcontext_builds_right():
     import tvm
+    from tvm_costfuse.schedules import host_target
 
     from tvm_costfuse import pipeline, zoo
     from tvm_costfuse.measure import run
-    from tvm_costfuse.schedules import host_target
 
     mod, inputs = zoo.load("rmsnorm", small=True)
     target = host_target()
