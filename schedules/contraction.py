@@ -34,7 +34,7 @@ class _ContractionShape:
     vec: tirx.Var  # block var of the output's last index: the vectorized axis
     row: tirx.Var | None  # block var blocked into registers (not read by the streamed operand)
     streamed_larger: bool  # the operand indexed by `vec` holds more elements than the other
-    streamed: tirx.Var  # the buffer indexed by `vec` (its last index is exactly `vec`)
+    streamed: object  # the buffer whose last index is exactly `vec`, or None
 
 
 def _load(expr):
@@ -189,9 +189,11 @@ class Contraction(SafeRule):
                 sch.vectorize(blk_loops[-1])
         done = {sch.get(b).name_hint for b in (main, init, writeback)}
         if shape.streamed is not None:
+            trial = sch.copy()  # packing fails whole: the tiled schedule stands without it
             try:
-                pack_streamed_operand(sch, main, shape.streamed, vtile)
-            except s_tir.ScheduleError as err:  # the kernel is still right, only unpacked
+                if pack_streamed_operand(trial, main, shape.streamed, vtile):
+                    sch = trial
+            except (RuntimeError, ValueError) as err:  # ScheduleError is a RuntimeError
                 _log.warning("%s: weight left unpacked: %s", name, str(err).splitlines()[0])
         schedule_rest(sch, target, done)
         return sch

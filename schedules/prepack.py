@@ -40,14 +40,22 @@ LAYOUT_FREE = "layout_free_buffers"
 
 @tvm.transform.module_pass(opt_level=0, name="CostFuseMarkConstantWeights")
 def mark_constant_weights(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Set ``layout_free_buffers`` on each PrimFunc: the argument positions that are a Relax
-    constant in every ``call_tir`` of it (weights bound into the model)."""
+    """A copy of ``mod`` where each PrimFunc's ``layout_free_buffers`` lists the argument
+    positions that are a Relax constant in every ``call_tir`` of it (weights bound into the
+    model). A PrimFunc also used any other way (``call_tir_inplace``, a direct call) gets an
+    empty list, as does one with no constant argument: a marking already there (TVM's
+    ``AttachAttrLayoutFreeBuffers`` marks function inputs too) is replaced, never kept."""
     call_tir = tvm.ir.Op.get("relax.call_tir")
     constant_at: dict[str, set[int]] = {}
+    uses: dict[str, int] = {}  # every reference to a GlobalVar
+    call_tir_uses: dict[str, int] = {}
 
     def visit(expr) -> None:
-        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
+        if isinstance(expr, tvm.ir.GlobalVar):
+            uses[expr.name_hint] = uses.get(expr.name_hint, 0) + 1
+        elif isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
             name = expr.args[0].name_hint
+            call_tir_uses[name] = call_tir_uses.get(name, 0) + 1
             args = expr.args[1].fields
             here = {i for i, a in enumerate(args) if isinstance(a, tvm.ir.expr.GenericConst)}
             constant_at[name] = constant_at.get(name, here) & here
@@ -55,16 +63,22 @@ def mark_constant_weights(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
-    updates = {}
+    out = tvm.IRModule({}, attrs=mod.attrs, global_infos=mod.global_infos)
     for gv, func in mod.functions.items():
-        if isinstance(func, tirx.PrimFunc) and constant_at.get(gv.name_hint):
-            updates[gv] = func.with_attr(LAYOUT_FREE, sorted(constant_at[gv.name_hint]))
-    for gv, func in updates.items():
-        mod[gv] = func
-    return mod
+        if isinstance(func, tirx.PrimFunc):
+            name = gv.name_hint
+            only_call_tir = uses.get(name, 0) == call_tir_uses.get(name, 0)
+            marked = sorted(constant_at.get(name, ())) if only_call_tir else []
+            if marked:
+                func = func.with_attr(LAYOUT_FREE, marked)
+            elif func.attrs is not None and LAYOUT_FREE in func.attrs:
+                func = func.without_attr(LAYOUT_FREE)
+        out[gv] = func
+    return out
 
 
-def _layout_free(sch: s_tir.Schedule) -> list[tirx.Var]:
+def _layout_free(sch: s_tir.Schedule) -> list:
+    """The buffers (parameters) the function's ``layout_free_buffers`` names."""
     func = sch.mod["main"]
     attrs = func.attrs
     if attrs is None or LAYOUT_FREE not in attrs:
@@ -84,7 +98,7 @@ def pack_streamed_operand(sch: s_tir.Schedule, block, buffer, vtile: int) -> boo
     blocks: list = []
     tvm_ffi.structural_walk(sch.mod["main"].body, (s_tir.SBlock, blocks.append), order="post")
     if sum(r.source.same_as(buffer) for b in blocks for r in b.reads) != 1:
-        return False  # another block reads it in the original layout
+        return False  # another block reads it: packing would slow that block down
     at = next(i for i, r in enumerate(sch.get(block).reads) if r.source.same_as(buffer))
     sch.transform_layout(block, ("read", at), tirx.IndexMap.from_func(
         lambda *idx: (idx[-1] // vtile, *idx[:-1], idx[-1] % vtile), ndim=len(shape)))
@@ -105,7 +119,8 @@ def pack_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
     The schedule changed packed PrimFuncs' signatures under their old GlobalVar, whose type
     (what call sites are checked against) still has the old shapes: every marked PrimFunc is
-    re-added under a fresh GlobalVar, without the marking."""
+    re-added under a fresh GlobalVar, without the marking. A constant that something else
+    still reads unpacked stays in the module beside its packed copy."""
     call_tir = tvm.ir.Op.get("relax.call_tir")
     marked = {gv: func for gv, func in mod.functions.items()
               if isinstance(func, tirx.PrimFunc) and func.attrs is not None
@@ -113,7 +128,7 @@ def pack_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     if not marked:
         return mod
     rest = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in marked},
-                        attrs=mod.attrs)
+                        attrs=mod.attrs, global_infos=mod.global_infos)
     cache: list[tuple[relax.Expr, int, relax.Expr]] = []
     renamed: dict[str, tvm.ir.GlobalVar] = {}
 
@@ -130,8 +145,7 @@ def pack_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
                     func.without_attr(LAYOUT_FREE), old.name_hint)
             args = list(call.args[1].fields)
             for i, (arg, param) in enumerate(zip(args, func.params, strict=False)):
-                if isinstance(arg, tvm.ir.expr.GenericConst):
-                    args[i] = _packed_argument(old.name_hint, i, arg, param, cache)
+                args[i] = _packed_argument(old.name_hint, i, arg, param, cache)
             return relax.Call(call.op, [renamed[old.name_hint], relax.Tuple(args),
                                         *call.args[2:]], call.attrs, call.ty_args)
 
@@ -144,7 +158,19 @@ def pack_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
 def _packed_argument(kernel: str, index: int, arg, param, cache) -> relax.Expr:
     """``arg`` as parameter ``param`` takes it: itself, or its tile-major packing."""
+    if getattr(param, "shape", None) is None or not all(
+            isinstance(d, tvm.tirx.IntImm) for d in param.shape):
+        return arg  # a scalar, or a symbolic shape (never packed)
     want = tuple(int(d) for d in param.shape)
+    if not isinstance(arg, tvm.ir.expr.GenericConst):
+        shape = getattr(arg.ty, "shape", None)
+        dims = getattr(shape, "values", None)
+        if dims is not None and all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            have = tuple(int(d) for d in dims)
+            if len(have) == len(want) and have != want:
+                raise ValueError(f"{kernel}: parameter {index} has shape {want}, its argument "
+                                 f"{have}: only constants are packed")
+        return arg
     have = tuple(arg.value.shape)
     if want == have:
         return arg

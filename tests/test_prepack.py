@@ -106,3 +106,21 @@ def test_mismatched_constant_is_an_error():
         bb.emit_func_output(out)
     with pytest.raises(ValueError, match="not the tile-major packing"):
         pack_constants(bb.get())
+
+
+def test_marking_is_a_copy_and_replaces_stale_marks():
+    # Weights passed as inputs: a stale marking (as TVM's AttachAttrLayoutFreeBuffers would
+    # leave) must be dropped, and the module given to the pass must not change.
+    from tvm_costfuse.schedules.prepack import LAYOUT_FREE, mark_constant_weights
+
+    mod, _ = _linear(False)
+    fused = fuse(mod, TARGET, fusion_pass("tvm", TARGET))
+    gv = next(g for g, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
+    fused[gv] = fused[gv].with_attr(LAYOUT_FREE, [1])
+    marked = mark_constant_weights(fused)
+    assert LAYOUT_FREE in fused[gv].attrs
+    func = marked[marked.get_global_var(gv.name_hint)]
+    assert func.attrs is None or LAYOUT_FREE not in func.attrs
+    constant = mark_constant_weights(fuse(_linear(True)[0], TARGET, fusion_pass("tvm", TARGET)))
+    assert any(f.attrs is not None and LAYOUT_FREE in f.attrs
+               for f in constant.functions.values() if isinstance(f, tvm.tirx.PrimFunc))

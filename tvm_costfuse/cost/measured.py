@@ -12,6 +12,10 @@ boundary tensor sizes included): what the planner computes for a candidate is wh
 feedback loop stored beside its timing, so the lookup needs no kernel to be built at planning
 time. Selected with ``costfuse.cost_model="measured"``; reads the rows of
 ``tuning_logs/<target>/groups`` (``costfuse tune`` or ``eval_cost_model.py measure`` fill it).
+
+Limits of the key: the features name no op, no reduction axis and not whether a weight is a
+bound constant (packed, ``schedules/prepack.py``) or a function input (not packed), so two such
+groups share one entry (their median); and the folder is per CPU model, not per core count.
 """
 
 from __future__ import annotations
