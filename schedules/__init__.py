@@ -13,6 +13,7 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from .cpu import Contraction, Fallback, RowReduction, rules
+from .prepack import mark_constant_weights, pack_constants
 
 __all__ = [
     "Contraction",
@@ -48,8 +49,6 @@ def schedule_pass(target: Target, prepack: bool = True) -> tvm.transform.Pass:
     their database records by the unmarked PrimFunc) and the rules skip scheduled PrimFuncs.
     ``prepack=False`` leaves every weight in its own layout (``scripts/prepack_effect.py``).
     """
-    from .prepack import mark_constant_weights, pack_constants
-
     if not prepack:
         return dl.ApplyDefaultSchedule(*rules())
     return tvm.transform.Sequential(

@@ -4,10 +4,10 @@ Why: the contraction rule streams its vector operand (a linear layer's ``(K, N)`
 ``vtile``-wide row slice per reduction step, i.e. ``vtile * 4`` bytes out of every ``N * 4``. A
 9.4 MB weight is then touched a few lines per 4 KiB page across thousands of pages, and how
 those lines land in the physically indexed L2 depends on where the allocator put the weight:
-the same compiled kernel measured 5.8 or 7.5-7.9 ms (mlp_gelu's 3072x768 matmul) depending on
-the allocation, which is most of the 8-13% that separate builds of one plan differed by
-(``scripts/build_spread.py``). Stored as ``(N / vtile, K, vtile)``, each tile's panel is one
-contiguous stream: 5.5 ms for every allocation.
+the same compiled kernel (mlp_gelu's 3072x768 matmul) measured 5.8 or 7.7-8.8 ms depending on
+the build, and 5.8-7.5 ms over twelve fresh allocations: most of the 8-13% that separate builds
+of one plan differed by (``scripts/build_spread.py``). Stored as ``(N / vtile, K, vtile)``, each
+tile's panel is one contiguous stream: 5.45-5.54 ms over ten allocations.
 
 How:
 

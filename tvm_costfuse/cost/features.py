@@ -81,9 +81,10 @@ class GroupFeatures:
     reshaping_ops: int = 0  # data-movement members (transpose, reshape, split) outside a prologue
     window_reductions: int = 0  # pooling: overlapping windows, not one pass over an axis
     # Not part of the learned model's fixed-length vector: sizes of the tensors crossing the
-    # boundary (where each is served from depends on its own size), extra tuple elements read from multi-output members outside the prologue (a split
-    # fans one tensor out into several; batch_norm's single used element does not), and
-    # prologue members that compute rather than move data (what a contraction rule can take).
+    # boundary (where each is served from depends on its own size), extra tuple elements read
+    # from multi-output members outside the prologue (a split fans one tensor out into
+    # several; batch_norm's single used element does not), and prologue members that compute
+    # rather than move data (what a contraction rule can take).
     boundary_sizes: tuple[int, ...] = ()
     tuple_items: int = 0
     prologue_compute: int = 0
