@@ -122,8 +122,17 @@ def _score_rows(label: str, group: list[dict], model, desc, measured) -> tuple:
     print(f"{label:<24}{len(group):>7}{n:>7}{100 * fused:>6.0f}%"
           f"{acc_a:>12.2f}{acc_l:>9.2f}{acc_m:>10.2f}{tau_a:>12.2f}{tau_l:>9.2f}"
           f"{f'{fell}/{len(group)}':>10}")
+    # Per pair: (all three answered by the trees, analytical right, learned right).
+    by_trees = {k: e.confidence != FALLBACK_CONFIDENCE for k, e in l_full.items()}
+    split = [(all(by_trees[id(r)] for r in q),
+              _right(q, a_est), _right(q, l_est)) for q in _pairs(group)]
     return (acc_a, acc_l, acc_m, n, fell, [a_est[id(r)] for r in group],
-            [l_est[id(r)] for r in group])
+            [l_est[id(r)] for r in group], split)
+
+
+def _right(pair: tuple[dict, dict, dict], pred: dict[int, float]) -> bool:
+    a, b, u = pair
+    return (_median(u) < _median(a) + _median(b)) == (pred[id(u)] < pred[id(a)] + pred[id(b)])
 
 
 def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_records: int
@@ -136,15 +145,16 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_rec
     print(head)
     print("-" * len(head))
     pairs = hits_a = hits_l = hits_m = 0
-    meas, all_a, all_l = [], [], []
+    meas, all_a, all_l, split = [], [], [], []
     for unit, held in held_out.items():
         train = train_for(unit)
         model = train_rows(train, desc, min_records=min_records)
         measured = MeasuredModel.from_rows(train)
         for variant in sorted({r["model"] for r in held}):
             group = [r for r in held if r["model"] == variant]
-            acc_a, acc_l, acc_m, n, _, a, lrn = _score_rows(variant, group, model, desc,
-                                                             measured)
+            acc_a, acc_l, acc_m, n, _, a, lrn, sp = _score_rows(variant, group, model, desc,
+                                                                 measured)
+            split += sp
             if n:
                 pairs += n
                 hits_a += acc_a * n
@@ -158,8 +168,14 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_rec
         print("all: no measured pairs to score")
         return
     print(f"{'all (pairs pooled)':<24}{len(meas):>7}{pairs:>7}{'':>7}"
-          f"{hits_a / pairs:>12.2f}{hits_l / pairs:>9.2f}{hits_m / pairs:>10.2f}"
+          f"{hits_a / pairs:>12.3f}{hits_l / pairs:>9.3f}{hits_m / pairs:>10.3f}"
           f"{kendalltau(meas, all_a).statistic:>12.2f}{kendalltau(meas, all_l).statistic:>9.2f}")
+    for trees, label in ((True, "answered by the trees"), (False, "some part analytical")):
+        sub = [s for s in split if s[0] == trees]
+        if sub:
+            print(f"  pairs {label}: {len(sub)}, accuracy analytical "
+                  f"{sum(s[1] for s in sub) / len(sub):.2f}, learned "
+                  f"{sum(s[2] for s in sub) / len(sub):.2f}")
     print()
 
 

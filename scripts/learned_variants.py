@@ -2,10 +2,10 @@
 measured rows and the same decision-accuracy metric as ``eval_cost_model.py evaluate``.
 
 Two held-out sets: each zoo architecture in turn (small and full variants together), and each
-synthetic program in turn. Variants (XGBoost at the committed hyper-parameters, analytical log
-time as the base margin):
+synthetic program in turn. Variants (XGBoost at the shallow hyper-parameters the learned model
+had before session 5, analytical log time as the base margin):
 
-- ``regression``: the committed model (squared error on log kernel time, every input);
+- ``regression``: that model (squared error on log kernel time, every input);
 - ``terms``: the same on the analytical terms, schedule class and ratios only (no raw sizes,
   which let trees recognise an architecture by its shapes);
 - ``pairwise``: a decision-aware objective: squared error on log(fused / (left + right)) over
@@ -17,7 +17,7 @@ program weighted as one architecture, or all of them as one).
 
 Then, zoo only (session 4), what else could carry to a held-out architecture:
 
-- ``regression, loose``: the committed model with little regularization (lambda 1, depth 6,
+- ``regression, loose``: that model with little regularization (lambda 1, depth 6,
   200 rounds): can the trees simply learn more?
 - ``recalibrated terms``: no trees; the analytical terms (launch, max and min of memory and
   compute, spill) with one non-negative multiplier per term and schedule class, fit by relative
@@ -26,9 +26,16 @@ Then, zoo only (session 4), what else could carry to a held-out architecture:
   analytical verdict (base margin 20 x its log ratio) with shallow trees;
 - ``database lookup``: a held-out kernel whose workload another architecture measured
   (same workload hash) takes that measured time; the others keep the analytical (or the
-  committed learned) estimate.
+  shallow learned) estimate.
 
-    TVM_COSTFUSE_CALIBRATION=none python scripts/learned_variants.py
+Session 5, "coverage radius": the trees answer a held-out group only where some training group
+lies within a radius on every feature (log1p units), the analytical model elsewhere; three tree
+settings (the session-2 shallow point, a looser one, the committed deep one) at radii 0.05, 0.2,
+0.5 and unbounded. Shows where the trees carry (near measured workloads) and where they do not.
+
+    TVM_COSTFUSE_CALIBRATION=none python scripts/learned_variants.py [coverage]
+
+(``coverage``: the coverage-radius table alone.)
 """
 
 from __future__ import annotations
@@ -51,6 +58,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eval_cost_model import _median, _pairs
 
 PAIR_SCALE = 0.1  # weight of the per-kernel term in the pairwise objective
+# The learned model's trees before the coverage radius (sessions 2-4), which the variants
+# below were scored with; and a looser setting.
+_SHALLOW = {**learned._PARAMS, "max_depth": 3, "eta": 0.08, "min_child_weight": 10.0,
+            "reg_lambda": 20.0}
+_SHALLOW_ROUNDS = 50
+_LOOSE = {**learned._PARAMS, "max_depth": 6, "eta": 0.1, "min_child_weight": 1.0,
+          "reg_lambda": 1.0}
 
 
 class Data:
@@ -94,7 +108,7 @@ def _fit(d: Data, train: np.ndarray, variant: str, synth_as_one: bool):
     w = _weights(d.unit[idx], synth_as_one)
     dm = xgb.DMatrix(d.x[idx][:, cols], label=d.y[idx], base_margin=d.margin[idx], weight=w)
     if variant != "pairwise":
-        return xgb.train(learned._PARAMS, dm, num_boost_round=learned._ROUNDS), cols
+        return xgb.train(_SHALLOW, dm, num_boost_round=_SHALLOW_ROUNDS), cols
     local = -np.ones(len(d.rows), dtype=int)
     local[idx] = np.arange(len(idx))
     p = local[np.array([q for q in d.pairs if train[q].all()])]
@@ -112,8 +126,8 @@ def _fit(d: Data, train: np.ndarray, variant: str, synth_as_one: bool):
             np.add.at(h, p[:, col], 2 * pw * dz * dz)
         return g, h + 1e-6
 
-    params = {k: v for k, v in learned._PARAMS.items() if k != "objective"}
-    return xgb.train(params, dm, num_boost_round=learned._ROUNDS, obj=objective), cols
+    params = {k: v for k, v in _SHALLOW.items() if k != "objective"}
+    return xgb.train(params, dm, num_boost_round=_SHALLOW_ROUNDS, obj=objective), cols
 
 
 def _hits(d: Data, idx: np.ndarray, log_pred: np.ndarray) -> tuple[int, int, int, int]:
@@ -172,8 +186,7 @@ def _pair_accuracy(d: Data, pred: np.ndarray, mask: np.ndarray) -> float:
 
 
 def _loose(d: Data, train, test) -> np.ndarray:
-    params = {**learned._PARAMS, "reg_lambda": 1.0, "min_child_weight": 1.0, "max_depth": 6,
-              "eta": 0.1}
+    params = _LOOSE
     dm = xgb.DMatrix(d.x[train], label=d.y[train], base_margin=d.margin[train],
                      weight=_weights(d.unit[train], False))
     booster = xgb.train(params, dm, num_boost_round=200)
@@ -246,6 +259,39 @@ def _committed(d: Data, train, test) -> np.ndarray:
                                   output_margin=True))
 
 
+def coverage_sweep(d: Data) -> None:
+    from scipy.spatial import cKDTree  # an xgboost dependency
+
+    n = len(learned.FEATURE_NAMES)
+    print(f"\n{'coverage radius (zoo, leave one out)':<40}{'radius':>8}{'answered':>10}"
+          f"{'decision accuracy':>19}")
+    print(f"{'analytical':<40}{'':>8}{'':>10}"
+          f"{_pair_accuracy(d, np.exp(d.margin), ~d.synth):>19.3f}")
+    for label, params, rounds in (("shallow (depth 3, lambda 20, 50 rounds)", _SHALLOW,
+                                   _SHALLOW_ROUNDS),
+                                  ("loose (depth 6, lambda 1, 200 rounds)", _LOOSE, 200),
+                                  ("committed (learned._PARAMS)", learned._PARAMS,
+                                   learned._ROUNDS)):
+        for radius in (0.05, 0.2, 0.5, math.inf):
+            answered = []
+
+            def predict(train, test, params=params, rounds=rounds, radius=radius,
+                        answered=answered):
+                dm = xgb.DMatrix(d.x[train], label=d.y[train], base_margin=d.margin[train],
+                                 weight=_weights(d.unit[train], False))
+                booster = xgb.train(params, dm, num_boost_round=rounds)
+                trees = np.exp(booster.predict(
+                    xgb.DMatrix(d.x[test], base_margin=d.margin[test]), output_margin=True))
+                dist, _ = cKDTree(d.x[train][:, :n]).query(d.x[test][:, :n], p=np.inf)
+                near = dist <= radius
+                answered.append((near.sum(), len(near)))
+                return np.where(near, trees, np.exp(d.margin[test]))
+
+            acc = _zoo_lomo(d, predict)
+            share = sum(a for a, _ in answered) / sum(b for _, b in answered)
+            print(f"{label:<40}{radius:>8}{share:>10.0%}{acc:>19.3f}", flush=True)
+
+
 def other_variants(d: Data) -> None:
     terms = _term_matrix(d)
     analytical = lambda _d, _train, test: np.exp(d.margin[test])
@@ -265,6 +311,9 @@ def other_variants(d: Data) -> None:
 
 def main() -> None:
     d = Data()
+    if sys.argv[1:] == ["coverage"]:
+        coverage_sweep(d)
+        return
     zoo_units = sorted(set(d.unit[~d.synth]))
     syn_units = sorted(set(d.unit[d.synth]), key=synthetic.seed_of)
     print(f"{len(d.rows)} rows, {len(d.pairs)} pairs; {len(zoo_units)} zoo architectures, "
@@ -280,6 +329,7 @@ def main() -> None:
             print(f"{label:<34}{za:>12.3f}{zl:>7.3f}{sa:>19.3f}{sl:>7.3f}"
                   f"{f'{ea[0]}/{ea[1]}':>30}{f'{el[0]}/{el[1]}':>9}", flush=True)
     other_variants(d)
+    coverage_sweep(d)
 
 
 if __name__ == "__main__":
