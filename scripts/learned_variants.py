@@ -33,9 +33,15 @@ lies within a radius on every feature (log1p units), the analytical model elsewh
 settings (the session-2 shallow point, a looser one, the committed deep one) at radii 0.05, 0.2,
 0.5 and unbounded. Shows where the trees carry (near measured workloads) and where they do not.
 
-    TVM_COSTFUSE_CALIBRATION=none python scripts/learned_variants.py [coverage]
+Session 5, "per-store features": meta-schedule's ``PerStoreFeature`` of each measured kernel
+(its workload and our rules' trace, replayed from the TVM ``JSONDatabase``; per kernel the
+maximum and mean over stores and log1p of the store count) added to the inputs, or in place of
+the raw features (keeping the analytical log time), each at radii 0.05, 0.5 and unbounded. The
+held-out kernels' own schedules are given, which a planner weighing a candidate would not have.
 
-(``coverage``: the coverage-radius table alone.)
+    TVM_COSTFUSE_CALIBRATION=none python scripts/learned_variants.py [coverage | perstore]
+
+(``coverage`` or ``perstore``: that table alone; ``perstore`` needs the database files.)
 """
 
 from __future__ import annotations
@@ -292,6 +298,64 @@ def coverage_sweep(d: Data) -> None:
             print(f"{label:<40}{radius:>8}{share:>10.0%}{acc:>19.3f}", flush=True)
 
 
+def _per_store(d: Data) -> np.ndarray:
+    """Per row: max and mean of PerStoreFeature over the kernel's stores, log1p(stores)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_costfuse.database import workload_hash
+
+    target = host_target()
+    db = GroupDatabase(default_work_dir(target)).ms_database
+    extractor = ms.feature_extractor.PerStoreFeature()
+    by_hash: dict[str, np.ndarray] = {}
+    for record in db.get_all_tuning_records():
+        whash = workload_hash(record.workload.mod["main"])
+        if whash in by_hash:
+            continue
+        sch = tvm.s_tir.Schedule(record.workload.mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        cand = ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"]))
+        per_store = extractor.extract_from(ms.TuneContext(mod=sch.mod, target=target),
+                                           [cand])[0].numpy()
+        by_hash[whash] = np.concatenate([per_store.max(axis=0), per_store.mean(axis=0),
+                                         [math.log1p(len(per_store))]])
+    missing = [r["workload_hash"] for r in d.rows if r["workload_hash"] not in by_hash]
+    if missing:
+        raise SystemExit(f"{len(missing)} rows have no tuning record in the database "
+                         "(regenerate it: eval_cost_model.py measure)")
+    return np.array([by_hash[r["workload_hash"]] for r in d.rows])
+
+
+def per_store_table(d: Data) -> None:
+    from scipy.spatial import cKDTree  # an xgboost dependency
+
+    per_store = _per_store(d)
+    n = len(learned.FEATURE_NAMES)
+    analytical = d.x[:, [learned.input_names().index("log_analytical")]]
+    inputs = (("our inputs", d.x), ("our inputs + per-store", np.hstack([d.x, per_store])),
+              ("per-store + analytical time", np.hstack([per_store, analytical])))
+    print(f"\n{'per-store features (zoo, leave one out)':<40}{'radius':>8}"
+          + "".join(f"{label:>30}" for label, _ in inputs))
+    for label, params, rounds in (("shallow", _SHALLOW, _SHALLOW_ROUNDS),
+                                  ("committed", learned._PARAMS, learned._ROUNDS)):
+        for radius in (0.05, 0.5, math.inf):
+            accs = []
+            for _, x in inputs:
+                def predict(train, test, x=x, params=params, rounds=rounds, radius=radius):
+                    dm = xgb.DMatrix(x[train], label=d.y[train], base_margin=d.margin[train],
+                                     weight=_weights(d.unit[train], False))
+                    booster = xgb.train(params, dm, num_boost_round=rounds)
+                    trees = np.exp(booster.predict(
+                        xgb.DMatrix(x[test], base_margin=d.margin[test]), output_margin=True))
+                    dist, _ = cKDTree(d.x[train][:, :n]).query(d.x[test][:, :n], p=np.inf)
+                    return np.where(dist <= radius, trees, np.exp(d.margin[test]))
+
+                accs.append(_zoo_lomo(d, predict))
+            print(f"{label:<40}{radius:>8}" + "".join(f"{a:>30.3f}" for a in accs),
+                  flush=True)
+
+
 def other_variants(d: Data) -> None:
     terms = _term_matrix(d)
     analytical = lambda _d, _train, test: np.exp(d.margin[test])
@@ -313,6 +377,9 @@ def main() -> None:
     d = Data()
     if sys.argv[1:] == ["coverage"]:
         coverage_sweep(d)
+        return
+    if sys.argv[1:] == ["perstore"]:
+        per_store_table(d)
         return
     zoo_units = sorted(set(d.unit[~d.synth]))
     syn_units = sorted(set(d.unit[d.synth]), key=synthetic.seed_of)
