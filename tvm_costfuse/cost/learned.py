@@ -302,7 +302,7 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     programs (``synth-<seed>``) are left out unless ``synthetic``: they are the evaluation's
     unseen programs, and training on them lowered the learned model's accuracy on held-out
     synthetic programs (0.74-0.81 against 0.81 without) and left it below the analytical
-    model on the zoo (docs/benchmarks.md, issue 5).
+    model on the zoo (sessions 3-4, shallow trees answering everywhere; docs/benchmarks.md).
     """
     from ..database import GroupDatabase
     from ..synthetic import is_synthetic
