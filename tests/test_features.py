@@ -133,3 +133,14 @@ def test_cpu_reduction_class_agrees_with_the_row_reduction_rule() -> None:
             assert f.schedule_on("cuda") == "reduction"
             seen.add((takes, f.n_outputs > 1, f.moves_after_reduction > 0))
     assert {(True, False, False), (False, True, False), (False, False, True)} <= seen
+
+
+def test_math_work_makes_a_cpu_kernel_slower_and_leaves_cuda_as_it_was() -> None:
+    g = _graph("elementwise_chain")
+    cos, add = group_features(g, ["cos"]), group_features(g, ["add"])
+    assert cos.math > 0 and add.math == 0
+    assert group_features(g, ["cos", "add"]).math == cos.math
+    no_math = dataclasses.replace(
+        cos, math=0.0, op_work=tuple((*w[:4], 0.0) for w in cos.op_work))
+    assert estimate(cos, HOST).breakdown["compute"] > estimate(no_math, HOST).breakdown["compute"]
+    assert estimate(cos, H200).seconds == estimate(no_math, H200).seconds

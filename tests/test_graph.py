@@ -55,3 +55,17 @@ def test_tuple_get_item_nodes_follow_their_producer() -> None:
 def test_unknown_function_is_rejected() -> None:
     with pytest.raises(ValueError, match="no function named 'forward'"):
         build_graph(prepared("mlp_gelu")[0], "forward")
+
+
+def test_math_library_calls_are_counted_where_flops_see_none() -> None:
+    """TVM's FLOP estimate gives exp, log, tanh, cos... no work at all; the graph counts them in
+    exp-equivalents (graph.MATH_COST), per element of the loop that calls them."""
+    from tvm_costfuse.graph import MATH_COST
+
+    graph = build_graph(prepared("elementwise_chain")[0])
+    elems = math.prod(graph["cos"].outputs[0].shape)
+    assert graph["cos"].flops == 0 and graph["cos"].math == MATH_COST["cos"] * elems
+    assert graph["exp"].math == elems and graph["log"].math == MATH_COST["log"] * elems
+    assert graph["add"].math == 0 and graph["sqrt"].math == 0 and graph["abs"].math == 0
+    gelu = build_graph(prepared("mlp_gelu")[0])["gelu"]
+    assert gelu.math == MATH_COST["erf"] * math.prod(gelu.outputs[0].shape)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -80,6 +81,7 @@ class Node:
     # (TVM's RewriteDataflowReshape; no kernel, no copy).
     view: bool = False
     reshape_like: bool = False
+    math: float = 0.0  # exp, log, tanh, erf... per invocation, in exp-equivalents (MATH_COST)
 
     @property
     def fusable(self) -> bool:
@@ -136,25 +138,47 @@ def _nbytes(infos) -> int:
     return sum(i.nbytes or 0 for i in infos)
 
 
-def _reduction_extent(func: tvm.tirx.PrimFunc) -> int:
-    """Largest product of reduction-axis extents over the PrimFunc's blocks (1 if none)."""
+# Math library calls, weighted by their cost relative to exp. TVM's FLOP estimate counts them
+# as nothing, yet each costs many instructions where an add costs one: without them a sigmoid
+# looked like a copy to the cost models. Over 1M float32 elements on this host (single-op
+# kernels in tuning_logs/llvm-znver4/groups, machine-wide time per call): exp, sigmoid and silu
+# 2.0-2.3 ns, tanh 4.4, log 6.4, cos 6.9, gelu (erf and four multiply-adds) 4.9-7.8; an add
+# kernel's whole time is 0.2 ns per element. sqrt and fabs (one instruction each) cost what an
+# add does and are not counted.
+MATH_COST = {"exp": 1.0, "exp2": 1.0, "exp10": 1.0, "sigmoid": 1.0, "tanh": 2.0, "sinh": 2.0,
+             "cosh": 2.0, "erf": 3.0, "log": 3.0, "log2": 3.0, "log10": 3.0, "log1p": 3.0,
+             "asinh": 3.0, "acosh": 3.0, "atanh": 3.0, "sin": 3.5, "cos": 3.5, "tan": 3.5,
+             "asin": 3.5, "acos": 3.5, "atan": 3.5, "atan2": 3.5, "pow": 4.0, "fmod": 1.0}
+_CALL = re.compile(r"\bT\.([a-z0-9_]+)\(")
+
+
+def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
+    """(largest product of reduction-axis extents over the PrimFunc's blocks, 1 if none; math
+    work per invocation in exp-equivalents: each block's weighted calls times its
+    iterations)."""
     sch = s_tir.Schedule(func)
-    best = 1
+    best, calls = 1, 0.0
     for rv in sch.get_child_blocks(sch.get_sblock("root")):
-        extent = 1
-        for iv in sch.get(rv).iter_vars:
-            if int(iv.iter_type) == 2 and isinstance(iv.dom.extent, tvm.tirx.IntImm):  # CommReduce
-                extent *= int(iv.dom.extent)
+        block = sch.get(rv)
+        extent = iterations = 1
+        for iv in block.iter_vars:
+            n = int(iv.dom.extent) if isinstance(iv.dom.extent, tvm.tirx.IntImm) else 1
+            iterations *= n
+            if int(iv.iter_type) == 2:  # CommReduce
+                extent *= n
         best = max(best, extent)
-    return best
+        per_iter = sum(MATH_COST.get(name, 0.0) for name in _CALL.findall(str(block.body)))
+        calls += per_iter * iterations
+    return best, calls
 
 
-def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int]:
+def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, float]:
+    """(pattern, FLOPs, reduction extent, math work in exp-equivalents) of one PrimFunc."""
     func = mod[gvar]
     attrs = func.attrs or {}
     pattern = OpPattern(int(attrs["op_pattern"])) if "op_pattern" in attrs else OpPattern.OPAQUE
     flops = float(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
-    return pattern, flops, _reduction_extent(func)
+    return (pattern, flops, *_block_facts(func))
 
 
 def _leaves(expr) -> list:
@@ -237,7 +261,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 and isinstance(value, relax.Call)
                 and value.op.same_as(_CALL_TIR)
             ):
-                pattern, flops, red = _prim_func_facts(mod, value.args[0])
+                pattern, flops, red, math = _prim_func_facts(mod, value.args[0])
                 why = (
                     f"its PrimFunc {value.args[0].name_hint!r} is opaque (op_pattern 8)"
                     if pattern == OpPattern.OPAQUE
@@ -247,7 +271,8 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 view = reshape_like and isinstance(binding.var, relax.DataflowVar)
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
                             tuple(inputs), outputs, tuple(sizes), flops, in_bytes,
-                            _nbytes(outputs), red, why, block_index, view, reshape_like)
+                            _nbytes(outputs), red, why, block_index, view, reshape_like,
+                            math)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,

@@ -80,6 +80,7 @@ class GroupFeatures:
     prologue_ops: int = 0  # members that feed a contraction inside the group
     reshaping_ops: int = 0  # data-movement members (transpose, reshape, split) outside a prologue
     window_reductions: int = 0  # pooling: overlapping windows, not one pass over an axis
+    math: float = 0.0  # exp, log, tanh, erf... in exp-equivalents (``graph.MATH_COST``)
     # Not part of the learned model's fixed-length vector: sizes of the tensors crossing the
     # boundary (where each is served from depends on its own size), extra tuple elements read
     # from multi-output members outside the prologue (a split fans one tensor out into
@@ -95,7 +96,8 @@ class GroupFeatures:
     moves_after_reduction: int = 0
     # Reshape-like members TVM turns into a view when they are left alone (``Node.view``).
     view_ops: int = 0
-    # (is_contraction, FLOPs, output elements, in_prologue) per op: each op's loop keeps its own
+    # (is_contraction, FLOPs, output elements, in_prologue, math) per op: each op's loop keeps
+    # its own
     # parallelism inside a fused kernel, so compute time is summed per op, not over the largest
     # output; a prologue op runs in its own loop nest on CPU, not in the contraction's tile.
     op_work: tuple[tuple, ...] = ()
@@ -295,10 +297,11 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
                                    for r in graph.consumers.get(n.name, ())) - 1)
                         for n in nodes if n.name not in prologue and len(n.outputs) > 1),
         prologue_compute=sum(1 for p in prologue if classes[p] != "injective"),
-        op_work=tuple((classes[n.name] == "contraction", n.flops, _elems(n), n.name in prologue)
-                      for n in nodes if n.kind == "call_tir"),
+        op_work=tuple((classes[n.name] == "contraction", n.flops, _elems(n), n.name in prologue,
+                       n.math) for n in nodes if n.kind == "call_tir"),
         window_reductions=sum(1 for n in nodes if classes[n.name] == "reduction"
                               and _is_window(n)),
+        math=sum(n.math for n in nodes),
         reshaping_ops=reshaping if any(c == "contraction" for c in classes.values()) else 0,
         n_outputs=len(outputs),
         moves_after_reduction=moves_after,
