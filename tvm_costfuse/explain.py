@@ -31,9 +31,9 @@ def _target(target: str | TargetDesc) -> TargetDesc:
 
 def is_view(graph: OpGraph, unit: Sequence[str]) -> bool:
     """One reshape-like op left alone: TVM makes it a VM view (no kernel, no copy). Several
-    reshapes fused together are one kernel of several blocks, which TVM does not rewrite."""
-    calls = [graph[n] for n in unit if graph[n].kind == "call_tir"]
-    return len(calls) == 1 and calls[0].view
+    reshapes fused together are one kernel of several blocks, which TVM does not rewrite.
+    The rule is ``GroupFeatures.is_view``'s, so the cost models and the kernel count agree."""
+    return group_features(graph, unit).is_view
 
 
 def kernels_of(graph: OpGraph, groups: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:

@@ -86,10 +86,13 @@ def group_kernel(prepared: tvm.IRModule, graph: OpGraph, members: Iterable[str]
     return group_kernel_and_outputs(prepared, graph, members)[0]
 
 
-def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: Iterable[str]
+def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: Iterable[str],
+                             marked: tvm.IRModule | None = None
                              ) -> tuple[tvm.tirx.PrimFunc, int]:
     """:func:`group_kernel` and how many of its trailing parameters are outputs
-    (destination-passing style: inputs first, then outputs)."""
+    (destination-passing style: inputs first, then outputs). ``marked``: ``prepared`` after
+    ``mark_constant_weights``, when the caller asks for many groups of one model (marking
+    copies the whole module)."""
     from .schedules.prepack import mark_constant_weights  # schedules import this package
 
     members = list(members)
@@ -97,7 +100,8 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
     if len(calls) == 1:
         node = graph[calls[0]]
         # Marked as in a model build, so the CPU rules pack its constant weights alike.
-        return mark_constant_weights(prepared)[node.prim_func], len(node.outputs)
+        marked = marked if marked is not None else mark_constant_weights(prepared)
+        return marked[node.prim_func], len(node.outputs)
     grouped = apply_partition(prepared, [members], graph.func_name)
     names = [gv.name_hint for gv, f in grouped.functions.items()
              if isinstance(f, relax.Function) and "Primitive" in (f.attrs or {})]
@@ -321,6 +325,9 @@ def measure_model(
     start = time.perf_counter()
     prep = mod if prepared else prepare(mod, target)
     graph = build_graph(prep)
+    from .schedules.prepack import mark_constant_weights  # schedules import this package
+
+    marked = mark_constant_weights(prep)
     target_desc = for_target(target)
     cands = ([tuple(sorted(g, key=lambda n: graph[n].index)) for g in groups]
              if groups is not None else candidate_groups(graph, target_desc, fusion_config))
@@ -340,7 +347,7 @@ def measure_model(
                 continue
             row = feature_row(model, graph, members)
             try:
-                func, n_out = group_kernel_and_outputs(prep, graph, members)
+                func, n_out = group_kernel_and_outputs(prep, graph, members, marked)
             except Exception as err:  # noqa: BLE001 -- a group that cannot form one kernel
                 summary.unformable += 1
                 summary.errors.append(f"{members}: fuse: {err}")
