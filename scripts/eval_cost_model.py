@@ -99,10 +99,7 @@ def _scores(rows, pred: dict[int, float]) -> tuple[float, float, int, float]:
     ``pred`` maps id(row) to the predicted seconds."""
     tau = kendalltau([_median(r) for r in rows], [pred[id(r)] for r in rows]).statistic
     pairs = _pairs(rows)
-    hits = sum(
-        (_median(u) < _median(a) + _median(b)) == (pred[id(u)] < pred[id(a)] + pred[id(b)])
-        for a, b, u in pairs
-    )
+    hits = sum(_right(q, pred) for q in pairs)
     fused = sum(_median(u) < _median(a) + _median(b) for a, b, u in pairs)
     n = len(pairs)
     return tau, hits / n if n else float("nan"), n, fused / n if n else float("nan")
@@ -110,7 +107,8 @@ def _scores(rows, pred: dict[int, float]) -> tuple[float, float, int, float]:
 
 def _score_rows(label: str, group: list[dict], model, desc, measured) -> tuple:
     """Print one table line; returns (acc analytical, acc learned, acc measured, pairs,
-    fallbacks, analytical and learned predictions in ``group`` order)."""
+    fallbacks, analytical and learned predictions in ``group`` order, and per pair (answered
+    by the trees alone, analytical right, learned right))."""
     a_est = {id(r): estimate(_features_of(r), desc).seconds for r in group}
     l_full = {id(r): model(_features_of(r), desc) for r in group}
     m_est = {id(r): measured(_features_of(r), desc).seconds for r in group}
@@ -131,6 +129,7 @@ def _score_rows(label: str, group: list[dict], model, desc, measured) -> tuple:
 
 
 def _right(pair: tuple[dict, dict, dict], pred: dict[int, float]) -> bool:
+    """Whether ``pred`` decides fuse / keep apart as the measured medians do."""
     a, b, u = pair
     return (_median(u) < _median(a) + _median(b)) == (pred[id(u)] < pred[id(a)] + pred[id(b)])
 

@@ -259,7 +259,7 @@ def _lookup(d: Data, fallback, train, test) -> np.ndarray:
     return pred
 
 
-def _committed(d: Data, train, test) -> np.ndarray:
+def _shallow_regression(d: Data, train, test) -> np.ndarray:
     booster, _ = _fit(d, train, "regression", False)
     return np.exp(booster.predict(xgb.DMatrix(d.x[test], base_margin=d.margin[test]),
                                   output_margin=True))
@@ -268,7 +268,7 @@ def _committed(d: Data, train, test) -> np.ndarray:
 def coverage_sweep(d: Data) -> None:
     from scipy.spatial import cKDTree  # an xgboost dependency
 
-    n = len(learned.FEATURE_NAMES)
+    n = learned._point_width()
     print(f"\n{'coverage radius (zoo, leave one out)':<40}{'radius':>8}{'answered':>10}"
           f"{'decision accuracy':>19}")
     print(f"{'analytical':<40}{'':>8}{'':>10}"
@@ -289,7 +289,7 @@ def coverage_sweep(d: Data) -> None:
                 trees = np.exp(booster.predict(
                     xgb.DMatrix(d.x[test], base_margin=d.margin[test]), output_margin=True))
                 dist, _ = cKDTree(d.x[train][:, :n]).query(d.x[test][:, :n], p=np.inf)
-                near = dist <= radius
+                near = dist <= radius  # as LearnedModel: features and schedule class
                 answered.append((near.sum(), len(near)))
                 return np.where(near, trees, np.exp(d.margin[test]))
 
@@ -331,7 +331,7 @@ def per_store_table(d: Data) -> None:
     from scipy.spatial import cKDTree  # an xgboost dependency
 
     per_store = _per_store(d)
-    n = len(learned.FEATURE_NAMES)
+    n = learned._point_width()
     analytical = d.x[:, [learned.input_names().index("log_analytical")]]
     inputs = (("our inputs", d.x), ("our inputs + per-store", np.hstack([d.x, per_store])),
               ("per-store + analytical time", np.hstack([per_store, analytical])))
@@ -368,7 +368,7 @@ def other_variants(d: Data) -> None:
         ("database lookup + analytical",
          _zoo_lomo(d, lambda tr, te: _lookup(d, analytical, tr, te))),
         ("database lookup + regression",
-         _zoo_lomo(d, lambda tr, te: _lookup(d, _committed, tr, te))),
+         _zoo_lomo(d, lambda tr, te: _lookup(d, _shallow_regression, tr, te))),
     ):
         print(f"{label:<40}{acc:>18.3f}", flush=True)
 

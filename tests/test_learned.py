@@ -3,6 +3,7 @@ falls back to the analytical estimate -- visibly -- where it has too little data
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 
@@ -88,12 +89,23 @@ def test_no_measured_group_near_falls_back_and_says_so(caplog):
 
 
 def test_model_saved_without_coverage_points_is_not_used(tmp_path, caplog):
-    model = learned.train_rows(_rows(60), TARGET)
+    rows = _rows(60)
+    model = learned.train_rows(rows, TARGET)
     model.save(tmp_path)
     (tmp_path / learned.POINTS_FILE).unlink()
     with caplog.at_level(logging.WARNING):
         again = learned.load_model(TARGET, tmp_path)
-    assert not again.usable and "predates the coverage radius" in caplog.text
+    assert not again.usable and "predates the coverage radius; retrain it" in caplog.text
+    # With its measurements beside it, the stale model is replaced by one trained in memory.
+    (tmp_path / "features.jsonl").write_text("".join(
+        json.dumps({**r, "workload_hash": str(i)}) + "\n" for i, r in enumerate(rows)))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        fresh = learned.load_model(TARGET, tmp_path)
+    assert fresh.usable and fresh.n_records == 60 and "training one in memory" in caplog.text
+    assert not (tmp_path / learned.POINTS_FILE).exists()  # nothing written
+    f = _row_features(rows[0])
+    assert fresh(f, TARGET).seconds == model(f, TARGET).seconds
 
 
 def test_too_little_data_falls_back_to_analytical_and_says_so(caplog):

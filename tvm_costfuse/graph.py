@@ -155,7 +155,12 @@ _CALL = re.compile(r"\bT\.([a-z0-9_]+)\(")
 def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
     """(largest product of reduction-axis extents over the PrimFunc's blocks, 1 if none; math
     work per invocation in exp-equivalents: each block's weighted calls times its
-    iterations)."""
+    iterations).
+
+    Limits: a block's iterations are the product of its iteration-variable extents, so a loop
+    written inside a block body (hand-written, opaque blocks) or a nested block counts once
+    per outer iteration; ``pow`` with a constant exponent counts as a call though LLVM may
+    make it a multiply. Relax's legalized operators (every zoo model) have neither."""
     sch = s_tir.Schedule(func)
     best, calls = 1, 0.0
     for rv in sch.get_child_blocks(sch.get_sblock("root")):

@@ -31,12 +31,12 @@ _EFF = {
     # dlight: SIMT matmul tiles reach ~50% of FP32 peak; others are memory bound.
     "cuda": {"contraction": 0.50, "reduction": 0.10, "elementwise": 0.10, "fallback": 0.10},
 }
-# FLOPs one exp-equivalent of math library work (``graph.MATH_COST``) costs at a class's
-# rate. CPU: exp over 1M float32 elements took 2.0-2.1 ms on this 2-core host, 6-7 elementwise
-# FLOPs at 5% of the uncalibrated 64 GFLOP/s peak (single-op kernels in
-# tuning_logs/llvm-znver4/groups). CUDA: not measured on a GPU; 0 leaves its estimates as they
-# were (what a GPU's special-function units make of it is not known here).
-_MATH_FLOPS = {"cpu": 6.5, "cuda": 0.0}
+# Seconds one core spends on one exp-equivalent of math library work (``graph.MATH_COST``).
+# CPU: exp over 1M float32 elements took 2.0-2.1 ms on this 2-core host (single-op kernels in
+# tuning_logs/llvm-znver4/groups): 4.06 ns per call per core. Kept in seconds, not FLOPs: a
+# calibrated FMA peak says nothing about libm. CUDA: not measured on a GPU; 0 leaves its
+# estimates as they were (what a GPU's special-function units make of it is not known here).
+_MATH_CORE_SECONDS = {"cpu": 4.0625e-9, "cuda": 0.0}
 # A contraction left to the fallback schedule runs as a naive loop nest: TVM_NOTES measured
 # 0.7-1.9 GFLOP/s on CPU; on CUDA one thread per output element without tiling (~2% of peak).
 _NAIVE_CONTRACTION = {"cpu": 1.0e9, "cuda": None}
@@ -175,10 +175,10 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     # An epilogue is computed in the contraction's register tile; a CPU prologue streams in its
     # own elementwise loop nest (old rows have no prologue flag: 3-tuples).
     stream_eff = _EFF[kind]["elementwise"] if schedule == "contraction+stream" else eff
-    math_flops = _MATH_FLOPS[kind]
+    math_seconds = _MATH_CORE_SECONDS[kind] / max(1, target.cores)
     compute = sum(
-        (w[1] + math_flops * (w[4] if len(w) > 4 else 0.0))
-        / (contraction_rate if w[0] else peak * (stream_eff if w[3:4] == (True,) else eff))
+        (w[1] / (contraction_rate if w[0] else peak * (stream_eff if w[3:4] == (True,) else eff))
+         + (w[4] if len(w) > 4 else 0.0) * math_seconds)
         / _parallel_efficiency(w[2], f.dtype_bytes, target)
         for w in _work(f)
     )

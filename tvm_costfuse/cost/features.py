@@ -97,9 +97,9 @@ class GroupFeatures:
     # Reshape-like members TVM turns into a view when they are left alone (``Node.view``).
     view_ops: int = 0
     # (is_contraction, FLOPs, output elements, in_prologue, math) per op: each op's loop keeps
-    # its own
-    # parallelism inside a fused kernel, so compute time is summed per op, not over the largest
-    # output; a prologue op runs in its own loop nest on CPU, not in the contraction's tile.
+    # its own parallelism inside a fused kernel, so compute time is summed per op, not over the
+    # largest output; a prologue op runs in its own loop nest on CPU, not in the contraction's
+    # tile.
     op_work: tuple[tuple, ...] = ()
 
     @property
@@ -121,7 +121,8 @@ class GroupFeatures:
         grown since: a field the row lacks takes its default)."""
         by_name = dict(zip(row["feature_names"], row["features"], strict=True))
         context = row.get("context") or {}
-        missing = [n for n in _NOT_LEARNED if n not in context]
+        missing = ([n for n in _NOT_LEARNED if n not in context]
+                   + [n for n in FEATURE_NAMES if n not in by_name])
         if missing and not _warned_missing.intersection(missing):
             _warned_missing.update(missing)
             _log.warning("a stored row predates the feature fields %s (defaults used; "
@@ -133,6 +134,9 @@ class GroupFeatures:
                 v = context[f.name]
                 values[f.name] = (tuple(tuple(x) if isinstance(x, list) else x for x in v)
                                   if isinstance(v, list) else v)
+                if f.name == "op_work":  # older rows lack in_prologue and math: defaults
+                    values[f.name] = tuple(w + (False, 0.0)[len(w) - 3:] if len(w) < 5 else w
+                                           for w in values[f.name])
             elif f.name in by_name:
                 values[f.name] = (float if f.type in ("float", float) else int)(by_name[f.name])
         return cls(**values)

@@ -53,7 +53,8 @@ _FAILED = 1e9  # run_secs at or above this are failed records (meta-schedule wri
 _SCHEDULES = ("contraction", "contraction+stream", "reduction", "elementwise", "fallback")
 _TERMS = ("launch", "memory", "compute", "spill")
 # A query answers from the trees only if some training row lies within this distance on every
-# input (log1p units: about 5% per feature). Leave one architecture out, widening it to 0.2, 0.5
+# feature (log1p units: about 5% per feature) and has its schedule class (the one-hot columns:
+# another class is at distance 1). Leave one architecture out, widening it to 0.2, 0.5
 # and unbounded let the trees answer 27%, 43% and 100% of held-out groups instead of 23%, and
 # lowered decision accuracy from 0.913 to 0.900, 0.883 and 0.868 (the analytical model: 0.886;
 # learned_variants.py coverage).
@@ -83,6 +84,12 @@ def input_names() -> list[str]:
     return ([f"log1p_{n}" for n in FEATURE_NAMES] + [f"is_{s}" for s in _SCHEDULES]
             + ["log_analytical"] + [f"log_{t}" for t in _TERMS]
             + [f"log1p_{a}_per_{b}" for a, b in _RATIOS])
+
+
+def _point_width() -> int:
+    """Leading input columns the coverage radius measures: the log1p features and the
+    schedule-class one-hot (``input_names`` order)."""
+    return len(FEATURE_NAMES) + len(_SCHEDULES)
 
 
 def _margin(x: np.ndarray) -> np.ndarray:
@@ -142,8 +149,9 @@ class LearnedModel:
         self.lo = np.asarray(lo if lo is not None else [], dtype=np.float64)
         self.hi = np.asarray(hi if hi is not None else [], dtype=np.float64)
         self.models, self.min_records, self.near = tuple(models), min_records, near
-        # The measured groups' features (log1p, deduplicated): where the trees have data.
-        n = len(FEATURE_NAMES)
+        # The measured groups' features and schedule classes (deduplicated): where the trees
+        # have data.
+        n = _point_width()
         self.points = np.unique(np.asarray(points if points is not None else np.zeros((0, n)),
                                            dtype=np.float64).reshape(-1, n), axis=0)
         self._tree = None
@@ -151,7 +159,8 @@ class LearnedModel:
         self.queries = 0
 
     def _nearest(self, x: np.ndarray) -> float:
-        """Largest per-feature distance (log1p units) to the closest measured group."""
+        """Largest per-feature distance (log1p units) to the closest measured group of the
+        same schedule class (another class is at distance 1)."""
         if not len(self.points):
             return math.inf
         if self._tree is None:
@@ -160,7 +169,7 @@ class LearnedModel:
             from scipy.spatial import cKDTree
 
             self._tree = cKDTree(self.points)
-        return float(self._tree.query(x[:len(FEATURE_NAMES)], p=np.inf)[0])
+        return float(self._tree.query(x[:_point_width()], p=np.inf)[0])
 
     @property
     def usable(self) -> bool:
@@ -227,17 +236,17 @@ class LearnedModel:
 
     @classmethod
     def load(cls, work_dir: str | Path) -> LearnedModel:
+        """The saved model; an unusable one (answering analytically) if it is stale, with a
+        warning (``load_model`` retrains a stale model in memory instead). The coverage radius
+        is the one the model was saved with."""
         import xgboost as xgb
 
         work_dir = Path(work_dir)
+        why = _stale(work_dir)
+        if why is not None:
+            _log.warning("learned model in %s %s; retrain it", work_dir, why)
+            return cls(None, 0)
         meta = json.loads((work_dir / META_FILE).read_text())
-        if meta.get("inputs") != input_names():
-            _log.warning("learned model in %s was trained on other inputs; retrain it", work_dir)
-            return cls(None, 0)
-        if "near" not in meta or not (work_dir / POINTS_FILE).exists():
-            _log.warning("learned model in %s predates the coverage radius; retrain it",
-                         work_dir)
-            return cls(None, 0)
         booster = None
         if meta.get("has_booster"):
             booster = xgb.Booster()
@@ -246,6 +255,16 @@ class LearnedModel:
             points = saved["points"]
         return cls(booster, meta["n_records"], meta["lo"], meta["hi"], meta["models"],
                    points=points, near=meta["near"])
+
+
+def _stale(work_dir: Path) -> str | None:
+    """Why the model saved in ``work_dir`` cannot be used as it is, or None."""
+    meta = json.loads((work_dir / META_FILE).read_text())
+    if meta.get("inputs") != input_names():
+        return "was trained on other inputs"
+    if "near" not in meta or not (work_dir / POINTS_FILE).exists():
+        return "predates the coverage radius"
+    return None
 
 
 def _architecture(model: str) -> str:
@@ -279,7 +298,7 @@ def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS) -> 
                                              weight=_architecture_weights(rows)),
                         num_boost_round=_ROUNDS)
     return LearnedModel(booster, len(y), x.min(axis=0), x.max(axis=0), models, min_records,
-                        points=x[:, :len(FEATURE_NAMES)])
+                        points=x[:, :_point_width()])
 
 
 def _target_work_dir(target) -> Path:
@@ -322,12 +341,17 @@ def load_model(target, work_dir: str | Path | None = None) -> LearnedModel:
     ``analytical.estimate``.
 
     Loads ``xgb_model.json`` from ``work_dir`` (default ``tuning_logs/<kind>-<arch>/groups``);
-    when only measurements are there, trains in memory (nothing is written: ``train`` saves).
+    when only measurements are there, or the saved model is stale (other inputs, no coverage
+    points), trains in memory and says so (nothing is written: ``train`` saves).
     With no data at all, every query falls back to the analytical model (and says so).
     """
     work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
     if (work_dir / META_FILE).exists():
-        return LearnedModel.load(work_dir)
+        why = _stale(work_dir)
+        if why is None or not (work_dir / "features.jsonl").exists():
+            return LearnedModel.load(work_dir)
+        _log.warning("learned model in %s %s: training one in memory from its measurements "
+                     "(`costfuse tune` or `eval_cost_model.py train` saves one)", work_dir, why)
     if (work_dir / "features.jsonl").exists():
         return train(work_dir, target, save=False)
     _log.warning("no measured groups in %s: the learned model will answer analytically",
