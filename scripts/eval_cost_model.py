@@ -182,7 +182,7 @@ def _evaluate(args) -> None:
     target = host_target()
     desc = for_target(target)
     rows = [r for r in GroupDatabase(args.work_dir or default_work_dir(target)).rows()
-            if not r.get("error") and max(r["run_secs"]) < 1e9]
+            if not r.get("error") and r["run_secs"] and max(r["run_secs"]) < 1e9]
     # A lone reshape is a view in a model (no kernel) but was timed as a copy kernel: no
     # ground truth for it, nor for a decision with it as a part (20 zoo, 28 synthetic pairs).
     views = [r for r in rows if _features_of(r).is_view]

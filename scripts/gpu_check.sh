@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU check: on a machine with an NVIDIA GPU (sized for an H200 box with 16 cores: < 8 minutes),
 # install the project and compare fusion strategies on the full-size zoo for llvm and cuda,
-# measuring both (numerics of every build checked against no fusion). Results go to $OUT if
-# set, else gpu_results/: machine.txt, and per batch compare.csv, kernels.csv, compare.md, plots
-# and the log. Not used by the tests.
+# measuring both (numerics of every build checked against no fusion), then time a few CUDA
+# candidate groups into a feedback database (`costfuse tune --target h200`). Results go to $OUT
+# if set, else gpu_results/: machine.txt, per batch compare.csv, kernels.csv, compare.md, plots
+# and the log, and tune_cuda/ with its log. Not used by the tests.
 #
 #   bash scripts/gpu_check.sh
 set -uo pipefail
@@ -28,7 +29,12 @@ run() {  # run NAME TIMEOUT_S MODELS
     --no-progress --out "$RESULTS/$1" > "$RESULTS/$1.log" 2>&1
   echo "$1: exit $? ($(tail -n 1 "$RESULTS/$1.log"))"
 }
-run transformers_and_small 240 \
+run transformers_and_small 230 \
   mlp_gelu,attention,conv_bn_relu,bert_layer,gpt2_block,layernorm_mlp,rmsnorm,elementwise_chain
-run cnn 200 resnet18,mobilenetv2
+run cnn 190 resnet18,mobilenetv2
+# The feedback loop on CUDA: candidate kernels timed on the GPU (and ptxas-profiled) into a
+# meta-schedule database; without a GPU they are recorded untimed.
+timeout 45 costfuse tune mlp_gelu --small --target h200 --budget 6 \
+  --work-dir "$RESULTS/tune_cuda" > "$RESULTS/tune_cuda.log" 2>&1
+echo "tune_cuda: exit $? ($(tail -n 1 "$RESULTS/tune_cuda.log"))"
 echo "results in $RESULTS"

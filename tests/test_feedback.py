@@ -180,3 +180,32 @@ def test_rpc_tracker_runner_measures_on_a_localhost_server(tmp_path):
     finally:
         server.terminate()
         tracker.terminate()
+
+
+def test_cuda_candidates_get_ptxas_resources_and_are_timed_only_on_a_gpu(tmp_path):
+    """On a CUDA target every candidate is compiled with dlight's rules and profiled by ptxas
+    (nvcc, no GPU needed); without a GPU it is recorded untimed, and not trained on."""
+    from tvm_costfuse import zoo
+    from tvm_costfuse.cost import learned
+    from tvm_costfuse.passes import prepare
+    from tvm_costfuse.targets import preset
+
+    desc = preset("h200")
+    target = desc.tvm_target()
+    mod = prepare(zoo.load("mlp_gelu", small=True)[0], target)
+    s = measure_model("mlp_gelu@small", mod, target, tmp_path, FAST, groups=GROUPS,
+                      prepared=True)
+    gpu = bool(tvm.cuda().exist)
+    assert s.failed == 0, s.errors
+    assert (s.measured, s.untimed) == ((3, 0) if gpu else (0, 3))
+    rows = GroupDatabase(tmp_path).rows()
+    assert [tuple(r["members"]) for r in rows] == GROUPS
+    for row in rows:
+        assert row["ptxas"]["registers"] > 0 and row["ptxas"]["kernels"] >= 1
+        assert row["ptxas"]["spill_bytes"] >= 0
+        if not gpu:
+            assert row["run_secs"] == [] and row["not_timed"] == "no GPU present"
+    records = ms.database.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()
+    assert len(records) == 3
+    assert all((r.run_secs is not None) == gpu for r in records)
+    assert learned.rows_to_dataset(rows, desc)[1].size == (3 if gpu else 0)

@@ -118,12 +118,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from tqdm import tqdm
     except ImportError:  # progress is a convenience: plain lines then
         tqdm = None
-    target = host_target()
+    if args.target == "host":
+        target = host_target()
+        desc = for_target(target)
+    else:  # a GPU preset: CUDA kernels, ptxas always, timed only where a GPU is present
+        from .targets import preset
+
+        desc = preset(args.target)
+        target = desc.tvm_target()
     work_dir = args.work_dir or default_work_dir(target)
     mod, _ = zoo.load(args.model, small=args.small)
     model_name = zoo.variant_name(args.model, args.small)  # as the scripts record it
     prepared = prepare(mod, target)
-    desc = for_target(target)
     before = plan_module(prepared, desc, FusionConfig(cost_model="analytical"))
     bar = tqdm(total=args.budget, desc=f"tune {model_name}", unit="group") if tqdm else None
 
@@ -142,8 +148,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         bar.close()
     print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "
           f"already recorded {summary.skipped}, unformable {summary.unformable}, "
-          f"views {summary.views} "
-          f"into {work_dir}")
+          f"views {summary.views}"
+          + (f", compiled and ptxas-profiled but not timed (no GPU) {summary.untimed}"
+             if summary.untimed else "")
+          + f" into {work_dir}")
     learned = train(work_dir, desc)
     after = plan_greedy(build_graph(prepared), desc, FusionConfig(cost_model="xgb"), learned)
     print(f"plan: {before.kernels()} kernels (analytical) -> {after.kernels()} kernels (xgb, "
@@ -208,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("model", choices=zoo.names())
     tune.add_argument("--budget", type=int, default=32, help="candidate groups to measure")
     tune.add_argument("--small", action="store_true")
+    tune.add_argument("--target", default="host", choices=["host", "h100", "h200", "a100"],
+                      help="host CPU (timed here), or a GPU preset (CUDA kernels: ptxas "
+                           "registers and spills always, times where a GPU is present)")
     tune.add_argument("--repeat", type=int, default=3)
     tune.add_argument("--work-dir", default=None, help="default tuning_logs/<target>/groups")
     tune.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT:KEY",

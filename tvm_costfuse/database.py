@@ -35,15 +35,17 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def default_work_dir(target: tvm.target.Target | str) -> Path:
-    """``tuning_logs/<kind>-<mcpu>/groups`` at the repository root.
+    """``tuning_logs/<kind>-<mcpu>/groups`` (cuda: ``cuda-<arch>``) at the repository root.
 
     A subfolder of the per-target tuning folder: ``tuning.py`` tunes whole-model kernels into
     ``tuning_logs/<kind>-<mcpu>/`` itself, and the two sets answer different questions
     (best schedule of a kernel vs. time of a candidate group under our rules).
     """
     target = tvm.target.Target(target)
-    mcpu = target.attrs.get("mcpu", "") if target.attrs is not None else ""
-    name = f"{target.kind.name}-{mcpu}" if mcpu else target.kind.name
+    attrs = target.attrs if target.attrs is not None else {}
+    # The CPU model for llvm, the architecture for cuda (``cost.learned`` names it the same).
+    chip = attrs.get("arch", "") if target.kind.name == "cuda" else attrs.get("mcpu", "")
+    name = f"{target.kind.name}-{chip}" if chip else target.kind.name
     return _REPO_ROOT / "tuning_logs" / name / "groups"
 
 
@@ -125,9 +127,12 @@ class GroupDatabase:
         db = self.ms_database
         workload = db.commit_workload(mod)
         args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+        # No run times (CUDA compiled without a GPU): a record without run_secs, as
+        # meta-schedule keeps for candidates it never ran.
         db.commit_tuning_record(
-            ms.database.TuningRecord(trace, workload, [float(s) for s in run_secs], target,
-                                     args_info)
+            ms.database.TuningRecord(trace, workload,
+                                     [float(s) for s in run_secs] if run_secs else None,
+                                     target, args_info)
         )
         return self.append_row({**row, "run_secs": [float(s) for s in run_secs],
                                 "target": str(target), "workload_hash": workload_hash(func),

@@ -9,6 +9,12 @@ allocation, thread-pool wake-up; short kernels as a chain of calls) and timed wi
 ``time_evaluator`` on random inputs (one warm-up call, then ``repeat`` samples of at least
 ``min_repeat_ms`` each).
 
+On a CUDA target the candidates are scheduled with dlight's GPU rules (as ``tvm.compile``
+would), compiled to CUDA C and run through ``nvcc --resource-usage``: ptxas registers and spill
+bytes are stored with every record, GPU or not; the kernel is timed the same way on a GPU when
+one is present, and otherwise recorded untimed (``run_secs`` empty, ``not_timed`` says why), which
+the learned model does not train on.
+
 Build and run happen in a worker process (TVM's ``PopenPoolExecutor``) under a timeout, as
 meta-schedule's LocalBuilder/LocalRunner do: a crash, an exception or a timeout becomes a failed
 record (``run_secs = [1e10]`` plus the error) and the session goes on.
@@ -32,8 +38,8 @@ from .passes import prepare
 from .planner import plan_greedy
 from .targets import for_target
 
-__all__ = ["MeasureConfig", "MeasureSummary", "candidate_groups", "group_kernel",
-           "measure_model"]
+__all__ = ["MeasureConfig", "MeasureSummary", "build_and_profile_cuda", "candidate_groups",
+           "group_kernel", "measure_model"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class MeasureSummary:
     reused: int = 0  # workload already recorded (same kernel seen before): not re-measured
     skipped: int = 0  # (model, group) already recorded
     unformable: int = 0  # the planner weighed it but apply_partition rejects it (not convex)
+    untimed: int = 0  # CUDA without a GPU: compiled and ptxas-profiled, not timed
     views: int = 0  # a lone reshape: TVM runs it as a view, there is no kernel to time
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
@@ -113,11 +120,18 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
 
 
 def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
-    """(scheduled PrimFunc, trace) from our CPU rules, first that applies wins (as dlight's
-    ApplyDefaultSchedule); (func, empty trace) when none applies."""
-    from .schedules import rules  # schedules import this package
+    """(scheduled PrimFunc, trace) from our CPU rules, or dlight's GPU rules on a CUDA target,
+    first that applies wins (as dlight's ApplyDefaultSchedule); (func, empty trace) when none
+    applies."""
+    if target.kind.name == "cuda":
+        from .schedules.cuda import GuardedRule, gpu_rules
 
-    for rule in rules():
+        candidates = [GuardedRule(r) for r in gpu_rules()]
+    else:
+        from .schedules import rules  # schedules import this package
+
+        candidates = rules()
+    for rule in candidates:
         sch = rule.apply(func, target, False)
         if isinstance(sch, list):
             sch = sch[0] if sch else None
@@ -161,7 +175,16 @@ def _compile_kernel(func_json: str, target_json: dict, n_out: int):
                            for _ in range(calls)]
                 bb.emit_func_output(results[0] if calls == 1 else _relax.Tuple(results))
         target = _tvm.target.Target(target_json)
-        return _tvm.compile(bb.get(), target, relax_pipeline=build_pipeline(target)), func
+        if target.kind.name != "cuda":
+            return _tvm.compile(bb.get(), target, relax_pipeline=build_pipeline(target)), func
+        from tvm_costfuse.schedules.cuda import cuda_pipeline
+
+        # TVM's CUDA pipeline, fusing nothing; the kernel is scheduled already (dlight skips
+        # a PrimFunc marked so).
+        mod = bb.get()
+        mod["kernel"] = mod["kernel"].with_attr("tirx.is_scheduled", True)
+        no_fusion = _tvm.transform.Sequential([], name="NoFusion")
+        return _tvm.compile(mod, target, relax_pipeline=cuda_pipeline(target, no_fusion)), func
     except Exception as err:  # noqa: BLE001 -- any build error is a measured outcome
         raise RuntimeError(f"build: {type(err).__name__}: {err}") from None
 
@@ -238,6 +261,39 @@ def build_and_time_rpc(func_json: str, target_json: dict, number: int, repeat: i
     return _time_on(vm, func, n_out, dev, number, repeat, min_repeat_ms)
 
 
+def build_and_profile_cuda(func_json: str, target_json: dict, number: int, repeat: int,
+                           min_repeat_ms: int, n_out: int = 1) -> dict:
+    """Compile one scheduled PrimFunc for CUDA; ptxas resource usage always (``nvcc``), run
+    times on a GPU when one is present (runs in the worker process).
+
+    Returns ``{"run_secs": [...] (empty without a GPU), "ptxas": {"registers", "spill_bytes",
+    "kernels"}}``; raises RuntimeError whose message starts with ``build:``, ``ptxas:`` or
+    ``run:``.
+    """
+    import tvm as _tvm
+    from tvm import relax as _relax
+
+    from tvm_costfuse.registers import ptxas_report
+    from tvm_costfuse.schedules.cuda import cuda_source
+
+    ex, func = _compile_kernel(func_json, target_json, n_out)
+    arch = str(_tvm.target.Target(target_json).attrs.get("arch", "sm_90"))
+    try:
+        report = ptxas_report(cuda_source(ex), arch)
+    except Exception as err:  # noqa: BLE001 -- no nvcc, or nvcc rejected the code
+        raise RuntimeError(f"ptxas: {type(err).__name__}: {err}") from None
+    if not report:
+        raise RuntimeError("ptxas: nvcc reported no kernel")
+    resources = {"registers": max(r.registers for r in report.values()),
+                 "spill_bytes": sum(r.spill_store_bytes + r.spill_load_bytes
+                                    for r in report.values()),
+                 "kernels": len(report)}
+    dev = _tvm.cuda()
+    run_secs = (_time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number, repeat,
+                         min_repeat_ms) if dev.exist else [])
+    return {"run_secs": run_secs, "ptxas": resources}
+
+
 class _Runner:
     """Calls ``build_and_time`` in a worker process with a timeout, or in-process."""
 
@@ -249,21 +305,24 @@ class _Runner:
             self.pool = PopenPoolExecutor(max_workers=1, timeout=config.timeout_s)
 
     def __call__(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target, n_out: int = 1
-                 ) -> tuple[list[float], str | None]:
+                 ) -> tuple[list[float], str | None, dict]:
+        """(run seconds, error or None, what else the worker measured: ``ptxas`` on CUDA)."""
         c = self.config
         args = (tvm.ir.save_json(func), target.export(), c.number, c.repeat, c.min_repeat_ms)
         if c.rpc_tracker is not None:
             args = (*args, c.rpc_tracker)
         args = (*args, n_out)
         try:
-            if self.pool is None:
-                return self.fn(*args), None
-            return self.pool.submit(self.fn, *args).result(), None
+            out = (self.fn(*args) if self.pool is None
+                   else self.pool.submit(self.fn, *args).result())
         except TimeoutError:
-            return [FAILED_RUN_SECS], f"timeout: build + run exceeded {c.timeout_s} s"
+            return [FAILED_RUN_SECS], f"timeout: build + run exceeded {c.timeout_s} s", {}
         except Exception as err:  # noqa: BLE001 -- worker crash, build or run error
             message = str(err).strip().splitlines()
-            return [FAILED_RUN_SECS], (message[0] if message else type(err).__name__)[:500]
+            return [FAILED_RUN_SECS], (message[0] if message else type(err).__name__)[:500], {}
+        if isinstance(out, dict):
+            return list(out["run_secs"]), None, {k: v for k, v in out.items() if k != "run_secs"}
+        return out, None, {}
 
     def close(self) -> None:
         if self.pool is not None:
@@ -334,7 +393,11 @@ def measure_model(
     if max_groups is not None:
         cands = cands[:max_groups]
     summary = MeasureSummary(model)
-    default_fn = build_and_time_rpc if config.rpc_tracker is not None else build_and_time
+    cuda = target.kind.name == "cuda"
+    if cuda and config.rpc_tracker is not None:
+        raise ValueError("the RPC runner times CPU kernels only; measure CUDA on the GPU host")
+    default_fn = (build_and_profile_cuda if cuda else
+                  build_and_time_rpc if config.rpc_tracker is not None else build_and_time)
     runner = _Runner(config, runner_fn or default_fn)
     try:
         for members in cands:
@@ -362,14 +425,22 @@ def measure_model(
                 summary.reused += 1
                 continue
             scheduled, trace = schedule_kernel(func, target)
-            run_secs, error = runner(scheduled, target, n_out)
-            db.commit(func, trace, run_secs, target, {**row, "error": error})
+            run_secs, error, extra = runner(scheduled, target, n_out)
+            if not error and not run_secs:
+                extra = {**extra, "not_timed": "no GPU present"}
+            db.commit(func, trace, run_secs, target, {**row, "error": error, **extra})
             if error:
                 summary.failed += 1
                 summary.errors.append(f"{members}: {error}")
+            elif not run_secs:
+                summary.untimed += 1
             else:
                 summary.measured += 1
-            shown = error or f"{sorted(run_secs)[len(run_secs) // 2] * 1e6:.1f} us"
+            shown = error or (f"{sorted(run_secs)[len(run_secs) // 2] * 1e6:.1f} us"
+                              if run_secs else "not timed (no GPU)")
+            if "ptxas" in extra:
+                shown += " | {registers} registers, {spill_bytes} B spilled".format(
+                    **extra["ptxas"])
             log(f"  {model} {'+'.join(members)}: {shown}")
     finally:
         runner.close()
