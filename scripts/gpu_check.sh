@@ -17,11 +17,12 @@ mkdir -p "$RESULTS"
   nproc
 } > "$RESULTS/machine.txt" 2>&1
 # The box may be offline: fall back to installing the project alone over what is there.
-python3 -m pip install -q -e . > "$RESULTS/pip.log" 2>&1 \
-  || python3 -m pip install -q --no-deps -e . >> "$RESULTS/pip.log" 2>&1
+timeout 40 python3 -m pip install -q -e . > "$RESULTS/pip.log" 2>&1 \
+  || timeout 20 python3 -m pip install -q --no-deps -e . >> "$RESULTS/pip.log" 2>&1
 python3 -c "import tvm; print('tvm', tvm.__version__, 'cuda present:', tvm.cuda().exist)" \
   2>&1 | tee -a "$RESULTS/machine.txt"
 # Two batches, each with its own time guard, so a slow one cannot take the other's results.
+# Guards: pip 40 + 20, compare 200 + 160, tune 45: 465 s at most, inside 8 minutes.
 # On 2 busy vCPUs the whole zoo took 6.5 min (130 s of it compiling, most of the rest ptxas
 # and LLVM spill counts); the two ImageNet CNNs are ~60% of it.
 run() {  # run NAME TIMEOUT_S MODELS
@@ -29,9 +30,9 @@ run() {  # run NAME TIMEOUT_S MODELS
     --no-progress --out "$RESULTS/$1" > "$RESULTS/$1.log" 2>&1
   echo "$1: exit $? ($(tail -n 1 "$RESULTS/$1.log"))"
 }
-run transformers_and_small 230 \
+run transformers_and_small 200 \
   mlp_gelu,attention,conv_bn_relu,bert_layer,gpt2_block,layernorm_mlp,rmsnorm,elementwise_chain
-run cnn 190 resnet18,mobilenetv2
+run cnn 160 resnet18,mobilenetv2
 # The feedback loop on CUDA: candidate kernels timed on the GPU (and ptxas-profiled) into a
 # meta-schedule database; without a GPU they are recorded untimed.
 timeout 45 costfuse tune mlp_gelu --small --target h200 --budget 6 \

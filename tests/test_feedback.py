@@ -209,3 +209,63 @@ def test_cuda_candidates_get_ptxas_resources_and_are_timed_only_on_a_gpu(tmp_pat
     assert len(records) == 3
     assert all((r.run_secs is not None) == gpu for r in records)
     assert learned.rows_to_dataset(rows, desc)[1].size == (3 if gpu else 0)
+
+
+def test_untimed_cuda_groups_are_timed_once_a_gpu_is_there(tmp_path, monkeypatch):
+    """Recorded without a GPU, a group is not "already recorded" on a GPU: it is measured then,
+    and its workload is reused from the timed row (the GPU here is simulated: a runner that
+    returns times, as build_and_profile_cuda does on a GPU)."""
+    from tvm_costfuse import zoo
+    from tvm_costfuse.passes import prepare
+    from tvm_costfuse.targets import preset
+
+    desc = preset("h200")
+    target = desc.tvm_target()
+    mod = prepare(zoo.load("mlp_gelu", small=True)[0], target)
+    untimed = {"run_secs": [], "ptxas": {"registers": 8, "spill_bytes": 0, "kernels": 1},
+               "not_timed": "no GPU present"}
+    timed = {"run_secs": [2e-6, 3e-6], "ptxas": {"registers": 8, "spill_bytes": 0,
+                                                   "kernels": 1}}
+    config = MeasureConfig(isolate=False)
+
+    def run(result):
+        return lambda *_a, **_k: result
+
+    monkeypatch.setattr(feedback, "_gpu_present", lambda: False)
+    first = measure_model("m", mod, target, tmp_path, config, groups=GROUPS, prepared=True,
+                          runner_fn=run(untimed), target_desc=desc)
+    assert (first.untimed, first.measured) == (3, 0)
+    again = measure_model("m", mod, target, tmp_path, config, groups=GROUPS, prepared=True,
+                          runner_fn=run(untimed), target_desc=desc)
+    assert again.skipped == 3  # still no GPU: nothing to redo
+    monkeypatch.setattr(feedback, "_gpu_present", lambda: True)
+    on_gpu = measure_model("m", mod, target, tmp_path, config, groups=GROUPS, prepared=True,
+                           runner_fn=run(timed), target_desc=desc)
+    assert (on_gpu.measured, on_gpu.skipped) == (3, 0)
+    other = measure_model("m2", mod, target, tmp_path, config, groups=GROUPS, prepared=True,
+                          runner_fn=run(untimed), target_desc=desc)
+    assert other.reused == 3
+    rows = [r for r in GroupDatabase(tmp_path).rows() if r["model"] == "m2"]
+    assert all(r["run_secs"] == [2e-6, 3e-6] and r["ptxas"]["registers"] == 8 for r in rows)
+
+
+def test_cuda_kernel_without_nvcc_is_still_recorded_with_the_reason(monkeypatch):
+    from tvm_costfuse import registers, zoo
+    from tvm_costfuse.passes import prepare
+    from tvm_costfuse.targets import preset
+
+    def no_nvcc(*_a, **_k):
+        raise FileNotFoundError("nvcc not found")
+
+    monkeypatch.setattr(registers, "ptxas_report", no_nvcc)
+    target = preset("h200").tvm_target()
+    mod = prepare(zoo.load("mlp_gelu", small=True)[0], target)
+    func, n_out = feedback.group_kernel_and_outputs(mod, build_graph(mod), ("add",))
+    scheduled, _ = feedback.schedule_kernel(func, target)
+    out = feedback.build_and_profile_cuda(tvm.ir.save_json(scheduled), target.export(), 1, 2,
+                                          5, n_out)
+    assert out["ptxas"] is None and "nvcc not found" in out["ptxas_error"]
+    if not tvm.cuda().exist:
+        assert out["run_secs"] == [] and out["not_timed"] == "no GPU present"
+    else:
+        assert out["run_secs"] and all(0 < t < 1 for t in out["run_secs"])

@@ -118,6 +118,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from tqdm import tqdm
     except ImportError:  # progress is a convenience: plain lines then
         tqdm = None
+    if args.target != "host" and args.rpc_tracker:
+        print("costfuse tune: --rpc-tracker times CPU kernels only; run a GPU target on the "
+              "GPU machine itself", file=sys.stderr)
+        return 2
     if args.target == "host":
         target = host_target()
         desc = for_target(target)
@@ -143,7 +147,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     summary = measure_model(model_name, prepared, target, work_dir,
                             MeasureConfig(repeat=args.repeat, rpc_tracker=args.rpc_tracker),
                             max_groups=args.budget,
-                            prepared=True, log=log)
+                            prepared=True, log=log, target_desc=desc)
     if bar is not None:
         bar.close()
     print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "

@@ -2,7 +2,7 @@
 
 Each measured group is one meta-schedule workload (its PrimFunc, unscheduled, as
 ``IRModule({"main": func})``) and one ``TuningRecord`` whose trace is the schedule our CPU rules
-applied (replayable by ``MetaScheduleApplyDatabase``) and whose ``run_secs`` are the measured
+(or, on CUDA, dlight's GPU rules) applied (replayable by ``MetaScheduleApplyDatabase``) and whose ``run_secs`` are the measured
 times (``[1e10]`` for a failed build or run, as meta-schedule records failures). Beside the
 database, ``features.jsonl`` holds one line per (model, group): the workload's structural hash,
 the group's ``GroupFeatures`` vector, the run times and any error. That file is what the learned
@@ -37,13 +37,14 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 def default_work_dir(target: tvm.target.Target | str) -> Path:
     """``tuning_logs/<kind>-<mcpu>/groups`` (cuda: ``cuda-<arch>``) at the repository root.
 
-    A subfolder of the per-target tuning folder: ``tuning.py`` tunes whole-model kernels into
-    ``tuning_logs/<kind>-<mcpu>/`` itself, and the two sets answer different questions
+    A subfolder of the per-target tuning folder (on llvm): ``tuning.py`` tunes whole-model
+    kernels into ``tuning_logs/<kind>-<mcpu>/`` itself, and the two sets answer different questions
     (best schedule of a kernel vs. time of a candidate group under our rules).
     """
     target = tvm.target.Target(target)
     attrs = target.attrs if target.attrs is not None else {}
-    # The CPU model for llvm, the architecture for cuda (``cost.learned`` names it the same).
+    # The CPU model for llvm, the architecture for cuda (``cost.learned`` names it the same):
+    # GPUs of one architecture (H100 and H200 are both sm_90) share a folder.
     chip = attrs.get("arch", "") if target.kind.name == "cuda" else attrs.get("mcpu", "")
     name = f"{target.kind.name}-{chip}" if chip else target.kind.name
     return _REPO_ROOT / "tuning_logs" / name / "groups"
@@ -97,10 +98,17 @@ class GroupDatabase:
     def has_group(self, model: str, members: tuple[str, ...]) -> bool:
         return (model, tuple(members)) in self._keys
 
-    def row_for_hash(self, whash: str) -> dict | None:
-        """The first measured line of a workload (its run times)."""
-        return next((r for r in self._rows if r["workload_hash"] == whash and r["measured"]),
-                    None)
+    def row_for_hash(self, whash: str, timed: bool = False) -> dict | None:
+        """The first measured line of a workload (its run times); with ``timed``, the first
+        that has run times (a CUDA kernel compiled without a GPU has none)."""
+        return next((r for r in self._rows if r["workload_hash"] == whash and r["measured"]
+                     and (r["run_secs"] or not timed)), None)
+
+    def is_untimed(self, model: str, members: tuple[str, ...]) -> bool:
+        """Whether every line of (model, group) was recorded without run times."""
+        lines = [r for r in self._rows if r["model"] == model
+                 and tuple(r["members"]) == tuple(members)]
+        return bool(lines) and all(r.get("not_timed") for r in lines)
 
     @property
     def ms_database(self) -> ms.database.JSONDatabase:

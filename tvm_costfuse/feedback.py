@@ -210,6 +210,13 @@ def _time_on(vm, func, n_out: int, dev, number: int, repeat: int,
             args.append(_tvm.runtime.tensor(value, dev))
         start = time.perf_counter()
         vm["main"](*args)  # warm-up (and a rough duration)
+        if dev.device_type != _tvm.cpu().device_type:
+            # Launches are asynchronous and the first one loads the module: time a second,
+            # synchronized call instead.
+            dev.sync()
+            start = time.perf_counter()
+            vm["main"](*args)
+            dev.sync()
         chain = time.perf_counter() - start < CHAIN_BELOW_S
         name, calls = ("chain", CHAIN) if chain else ("main", 1)
         if chain:
@@ -266,9 +273,10 @@ def build_and_profile_cuda(func_json: str, target_json: dict, number: int, repea
     """Compile one scheduled PrimFunc for CUDA; ptxas resource usage always (``nvcc``), run
     times on a GPU when one is present (runs in the worker process).
 
-    Returns ``{"run_secs": [...] (empty without a GPU), "ptxas": {"registers", "spill_bytes",
-    "kernels"}}``; raises RuntimeError whose message starts with ``build:``, ``ptxas:`` or
-    ``run:``.
+    Returns ``{"run_secs", "ptxas": {"registers", "spill_bytes", "kernels"} or None}``, plus
+    ``ptxas_error`` when nvcc is missing or failed (the kernel is timed all the same),
+    ``not_timed`` and empty ``run_secs`` without a GPU, ``error`` and ``[1e10]`` when the run
+    failed. Raises RuntimeError (``build: ...``) when it does not compile.
     """
     import tvm as _tvm
     from tvm import relax as _relax
@@ -278,24 +286,37 @@ def build_and_profile_cuda(func_json: str, target_json: dict, number: int, repea
 
     ex, func = _compile_kernel(func_json, target_json, n_out)
     arch = str(_tvm.target.Target(target_json).attrs.get("arch", "sm_90"))
+    out: dict = {}
     try:
+        # nvcc -O3 as compare does; TVM's own build of the kernel (nvrtc, fast math) may
+        # allocate registers a little differently.
         report = ptxas_report(cuda_source(ex), arch)
-    except Exception as err:  # noqa: BLE001 -- no nvcc, or nvcc rejected the code
-        raise RuntimeError(f"ptxas: {type(err).__name__}: {err}") from None
-    if not report:
-        raise RuntimeError("ptxas: nvcc reported no kernel")
-    resources = {"registers": max(r.registers for r in report.values()),
-                 "spill_bytes": sum(r.spill_store_bytes + r.spill_load_bytes
-                                    for r in report.values()),
-                 "kernels": len(report)}
+        if not report:
+            raise RuntimeError("nvcc reported no kernel")
+        out["ptxas"] = {"registers": max(r.registers for r in report.values()),
+                        "spill_bytes": sum(r.spill_store_bytes + r.spill_load_bytes
+                                           for r in report.values()),
+                        "kernels": len(report)}
+    except Exception as err:  # noqa: BLE001 -- no nvcc, or nvcc rejected it: still time it
+        out["ptxas"], out["ptxas_error"] = None, f"{type(err).__name__}: {err}"[:500]
     dev = _tvm.cuda()
-    run_secs = (_time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number, repeat,
-                         min_repeat_ms) if dev.exist else [])
-    return {"run_secs": run_secs, "ptxas": resources}
+    if not dev.exist:
+        return {**out, "run_secs": [], "not_timed": "no GPU present"}
+    try:
+        out["run_secs"] = _time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number,
+                                   repeat, min_repeat_ms)
+    except RuntimeError as err:  # a failed run keeps what ptxas said
+        out["run_secs"], out["error"] = [1e10], str(err)[:500]
+    return out
+
+
+def _gpu_present() -> bool:
+    return bool(tvm.cuda().exist)
 
 
 class _Runner:
-    """Calls ``build_and_time`` in a worker process with a timeout, or in-process."""
+    """Calls the build-and-time function (CPU, RPC or CUDA) in a worker process with a
+    timeout, or in-process."""
 
     def __init__(self, config: MeasureConfig, fn: Callable = build_and_time) -> None:
         self.config, self.fn, self.pool = config, fn, None
@@ -321,7 +342,8 @@ class _Runner:
             message = str(err).strip().splitlines()
             return [FAILED_RUN_SECS], (message[0] if message else type(err).__name__)[:500], {}
         if isinstance(out, dict):
-            return list(out["run_secs"]), None, {k: v for k, v in out.items() if k != "run_secs"}
+            extra = {k: v for k, v in out.items() if k not in ("run_secs", "error")}
+            return list(out["run_secs"]), out.get("error"), extra
         return out, None, {}
 
     def close(self) -> None:
@@ -349,6 +371,7 @@ def measure_model(
     prepared: bool = False,
     runner_fn: Callable | None = None,
     log: Callable[[str], None] | None = None,
+    target_desc=None,
 ) -> MeasureSummary:
     """Measure the candidate groups of one model into ``work_dir`` (resumable).
 
@@ -359,7 +382,8 @@ def measure_model(
     mod : IRModule
         The model (zoo form), or the module after ``passes.prepare`` with ``prepared=True``.
     target : Target
-        LLVM target with ``mcpu`` and ``num-cores`` (``schedules.host_target()``).
+        LLVM target with ``mcpu`` and ``num-cores`` (``schedules.host_target()``), or a CUDA
+        target (``TargetDesc.tvm_target()`` of a GPU preset).
     work_dir : str or Path, optional
         GroupDatabase folder; default ``database.default_work_dir(target)``.
     groups : iterable of groups, optional
@@ -369,6 +393,9 @@ def measure_model(
     runner_fn : callable, optional
         Replaces :func:`build_and_time` (tests inject failures with it; needs isolate=False
         unless importable by the worker).
+    target_desc : TargetDesc, optional
+        Prices the candidates; default ``targets.for_target(target)`` (an sm_90 target maps
+        to the H100 preset: pass H200's to plan for it).
 
     Returns
     -------
@@ -387,13 +414,15 @@ def measure_model(
     from .schedules.prepack import mark_constant_weights  # schedules import this package
 
     marked = mark_constant_weights(prep)
-    target_desc = for_target(target)
+    target_desc = target_desc or for_target(target)
     cands = ([tuple(sorted(g, key=lambda n: graph[n].index)) for g in groups]
              if groups is not None else candidate_groups(graph, target_desc, fusion_config))
     if max_groups is not None:
         cands = cands[:max_groups]
     summary = MeasureSummary(model)
     cuda = target.kind.name == "cuda"
+    # On a GPU, groups recorded untimed (compiled where there was none) are measured now.
+    gpu = cuda and _gpu_present()
     if cuda and config.rpc_tracker is not None:
         raise ValueError("the RPC runner times CPU kernels only; measure CUDA on the GPU host")
     default_fn = (build_and_profile_cuda if cuda else
@@ -401,7 +430,7 @@ def measure_model(
     runner = _Runner(config, runner_fn or default_fn)
     try:
         for members in cands:
-            if db.has_group(model, members):
+            if db.has_group(model, members) and not (gpu and db.is_untimed(model, members)):
                 summary.skipped += 1
                 continue
             if group_features(graph, members).is_view:
@@ -417,28 +446,27 @@ def measure_model(
                 log(f"  {model} {'+'.join(members)}: could not form the kernel: {err}")
                 continue
             whash = workload_hash(func)
-            if db.has_workload(whash):
-                old = db.row_for_hash(whash) or {}
-                db.append_row({**row, "workload_hash": whash, "measured": False,
+            old = db.row_for_hash(whash, timed=gpu) if db.has_workload(whash) else None
+            if old is not None:
+                extra = {k: old[k] for k in ("ptxas", "not_timed") if k in old}
+                db.append_row({**row, **extra, "workload_hash": whash, "measured": False,
                                "run_secs": old.get("run_secs", [FAILED_RUN_SECS]),
                                "error": old.get("error"), "target": str(target)})
                 summary.reused += 1
                 continue
             scheduled, trace = schedule_kernel(func, target)
             run_secs, error, extra = runner(scheduled, target, n_out)
-            if not error and not run_secs:
-                extra = {**extra, "not_timed": "no GPU present"}
             db.commit(func, trace, run_secs, target, {**row, "error": error, **extra})
             if error:
                 summary.failed += 1
                 summary.errors.append(f"{members}: {error}")
-            elif not run_secs:
+            elif extra.get("not_timed"):
                 summary.untimed += 1
             else:
                 summary.measured += 1
             shown = error or (f"{sorted(run_secs)[len(run_secs) // 2] * 1e6:.1f} us"
-                              if run_secs else "not timed (no GPU)")
-            if "ptxas" in extra:
+                              if run_secs else f"not timed ({extra.get('not_timed')})")
+            if extra.get("ptxas"):
                 shown += " | {registers} registers, {spill_bytes} B spilled".format(
                     **extra["ptxas"])
             log(f"  {model} {'+'.join(members)}: {shown}")
