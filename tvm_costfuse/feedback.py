@@ -210,7 +210,7 @@ def _time_on(vm, func, n_out: int, dev, number: int, repeat: int,
             args.append(_tvm.runtime.tensor(value, dev))
         start = time.perf_counter()
         vm["main"](*args)  # warm-up (and a rough duration)
-        if dev.device_type != _tvm.cpu().device_type:
+        if dev.dlpack_device_type() == _tvm.cuda().dlpack_device_type():
             # Launches are asynchronous and the first one loads the module: time a second,
             # synchronized call instead.
             dev.sync()
