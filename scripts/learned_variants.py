@@ -265,10 +265,31 @@ def _shallow_regression(d: Data, train, test) -> np.ndarray:
                                   output_margin=True))
 
 
-def coverage_sweep(d: Data) -> None:
+def _gated(d: Data, x: np.ndarray, params: dict, rounds: int, radius: float,
+           answered: list | None = None):
+    """A ``_zoo_lomo`` predictor as ``LearnedModel`` answers: trees trained on inputs ``x``
+    where a training row lies within ``radius`` (features and schedule class, max norm), the
+    analytical estimate elsewhere; ``answered`` collects (answered, asked) per fold."""
     from scipy.spatial import cKDTree  # an xgboost dependency
 
     n = learned._point_width()
+
+    def predict(train, test):
+        dm = xgb.DMatrix(x[train], label=d.y[train], base_margin=d.margin[train],
+                         weight=_weights(d.unit[train], False))
+        booster = xgb.train(params, dm, num_boost_round=rounds)
+        trees = np.exp(booster.predict(xgb.DMatrix(x[test], base_margin=d.margin[test]),
+                                       output_margin=True))
+        dist, _ = cKDTree(d.x[train][:, :n]).query(d.x[test][:, :n], p=np.inf)
+        near = dist <= radius
+        if answered is not None:
+            answered.append((near.sum(), len(near)))
+        return np.where(near, trees, np.exp(d.margin[test]))
+
+    return predict
+
+
+def coverage_sweep(d: Data) -> None:
     print(f"\n{'coverage radius (zoo, leave one out)':<40}{'radius':>8}{'answered':>10}"
           f"{'decision accuracy':>19}")
     print(f"{'analytical':<40}{'':>8}{'':>10}"
@@ -279,21 +300,8 @@ def coverage_sweep(d: Data) -> None:
                                   ("committed (learned._PARAMS)", learned._PARAMS,
                                    learned._ROUNDS)):
         for radius in (0.05, 0.2, 0.5, math.inf):
-            answered = []
-
-            def predict(train, test, params=params, rounds=rounds, radius=radius,
-                        answered=answered):
-                dm = xgb.DMatrix(d.x[train], label=d.y[train], base_margin=d.margin[train],
-                                 weight=_weights(d.unit[train], False))
-                booster = xgb.train(params, dm, num_boost_round=rounds)
-                trees = np.exp(booster.predict(
-                    xgb.DMatrix(d.x[test], base_margin=d.margin[test]), output_margin=True))
-                dist, _ = cKDTree(d.x[train][:, :n]).query(d.x[test][:, :n], p=np.inf)
-                near = dist <= radius  # as LearnedModel: features and schedule class
-                answered.append((near.sum(), len(near)))
-                return np.where(near, trees, np.exp(d.margin[test]))
-
-            acc = _zoo_lomo(d, predict)
+            answered: list[tuple[int, int]] = []
+            acc = _zoo_lomo(d, _gated(d, d.x, params, rounds, radius, answered))
             share = sum(a for a, _ in answered) / sum(b for _, b in answered)
             print(f"{label:<40}{radius:>8}{share:>10.0%}{acc:>19.3f}", flush=True)
 
@@ -328,10 +336,7 @@ def _per_store(d: Data) -> np.ndarray:
 
 
 def per_store_table(d: Data) -> None:
-    from scipy.spatial import cKDTree  # an xgboost dependency
-
     per_store = _per_store(d)
-    n = learned._point_width()
     analytical = d.x[:, [learned.input_names().index("log_analytical")]]
     inputs = (("our inputs", d.x), ("our inputs + per-store", np.hstack([d.x, per_store])),
               ("per-store + analytical time", np.hstack([per_store, analytical])))
@@ -342,16 +347,7 @@ def per_store_table(d: Data) -> None:
         for radius in (0.05, 0.5, math.inf):
             accs = []
             for _, x in inputs:
-                def predict(train, test, x=x, params=params, rounds=rounds, radius=radius):
-                    dm = xgb.DMatrix(x[train], label=d.y[train], base_margin=d.margin[train],
-                                     weight=_weights(d.unit[train], False))
-                    booster = xgb.train(params, dm, num_boost_round=rounds)
-                    trees = np.exp(booster.predict(
-                        xgb.DMatrix(x[test], base_margin=d.margin[test]), output_margin=True))
-                    dist, _ = cKDTree(d.x[train][:, :n]).query(d.x[test][:, :n], p=np.inf)
-                    return np.where(dist <= radius, trees, np.exp(d.margin[test]))
-
-                accs.append(_zoo_lomo(d, predict))
+                accs.append(_zoo_lomo(d, _gated(d, x, params, rounds, radius)))
             print(f"{label:<40}{radius:>8}" + "".join(f"{a:>30.3f}" for a in accs),
                   flush=True)
 

@@ -226,24 +226,21 @@ def test_untimed_cuda_groups_are_timed_once_a_gpu_is_there(tmp_path, monkeypatch
                "not_timed": "no GPU present"}
     timed = {"run_secs": [2e-6, 3e-6], "ptxas": {"registers": 8, "spill_bytes": 0,
                                                    "kernels": 1}}
-    config = MeasureConfig(isolate=False)
 
-    def run(result):
-        return lambda *_a, **_k: result
+    def measure(model, result):
+        return measure_model(model, mod, target, tmp_path, MeasureConfig(isolate=False),
+                             groups=GROUPS, prepared=True, target_desc=desc,
+                             runner_fn=lambda *_a, **_k: result)
 
     monkeypatch.setattr(feedback, "_gpu_present", lambda: False)
-    first = measure_model("m", mod, target, tmp_path, config, groups=GROUPS, prepared=True,
-                          runner_fn=run(untimed), target_desc=desc)
+    first = measure("m", untimed)
     assert (first.untimed, first.measured) == (3, 0)
-    again = measure_model("m", mod, target, tmp_path, config, groups=GROUPS, prepared=True,
-                          runner_fn=run(untimed), target_desc=desc)
+    again = measure("m", untimed)
     assert again.skipped == 3  # still no GPU: nothing to redo
     monkeypatch.setattr(feedback, "_gpu_present", lambda: True)
-    on_gpu = measure_model("m", mod, target, tmp_path, config, groups=GROUPS, prepared=True,
-                           runner_fn=run(timed), target_desc=desc)
+    on_gpu = measure("m", timed)
     assert (on_gpu.measured, on_gpu.skipped) == (3, 0)
-    other = measure_model("m2", mod, target, tmp_path, config, groups=GROUPS, prepared=True,
-                          runner_fn=run(untimed), target_desc=desc)
+    other = measure("m2", untimed)
     assert other.reused == 3
     rows = [r for r in GroupDatabase(tmp_path).rows() if r["model"] == "m2"]
     assert all(r["run_secs"] == [2e-6, 3e-6] and r["ptxas"]["registers"] == 8 for r in rows)

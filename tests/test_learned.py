@@ -73,6 +73,12 @@ def test_trained_model_predicts_near_its_data_and_round_trips(tmp_path):
     assert again.near == learned.NEAR and len(again.points) == len(model.points) == 120
 
 
+def _assert_fell_back(e: Estimate, f: GroupFeatures) -> None:
+    """The analytical estimate, marked as a fallback."""
+    assert e.seconds == estimate(f, TARGET).seconds
+    assert e.confidence == learned.FALLBACK_CONFIDENCE and e.breakdown["fallback"] == 1.0
+
+
 def test_no_measured_group_near_falls_back_and_says_so(caplog):
     rows = _rows(120)
     model = learned.train_rows(rows, TARGET)
@@ -81,9 +87,7 @@ def test_no_measured_group_near_falls_back_and_says_so(caplog):
     far = GroupFeatures(**{**f.__dict__, "bytes_in": int(f.bytes_in * 1.3)})
     assert model._nearest(learned._inputs(far, TARGET)[0]) > learned.NEAR
     with caplog.at_level(logging.WARNING):
-        e = model(far, TARGET)
-    assert e.seconds == estimate(far, TARGET).seconds
-    assert e.confidence == learned.FALLBACK_CONFIDENCE and e.breakdown["fallback"] == 1.0
+        _assert_fell_back(model(far, TARGET), far)
     assert model.fallbacks["no measured group near it"] == 1
     assert "no measured group near it (nearest 0.2" in caplog.text
 
@@ -112,9 +116,7 @@ def test_too_little_data_falls_back_to_analytical_and_says_so(caplog):
     model = learned.train_rows(_rows(10), TARGET)
     f = _features(np.random.default_rng(1))
     with caplog.at_level(logging.WARNING):
-        e = model(f, TARGET)
-    assert e.seconds == estimate(f, TARGET).seconds
-    assert e.confidence == learned.FALLBACK_CONFIDENCE and e.breakdown["fallback"] == 1.0
+        _assert_fell_back(model(f, TARGET), f)
     assert model.fallbacks["too little data"] == 1
     assert "too little data (10 records < 30)" in caplog.text
     assert "1 of 1 queries fell back" in model.fallback_report()

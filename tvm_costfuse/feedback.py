@@ -288,8 +288,8 @@ def build_and_profile_cuda(func_json: str, target_json: dict, number: int, repea
     arch = str(_tvm.target.Target(target_json).attrs.get("arch", "sm_90"))
     out: dict = {}
     try:
-        # nvcc -O3 as compare does; TVM's own build of the kernel (nvrtc, fast math) may
-        # allocate registers a little differently.
+        # nvcc -O3 as compare does. TVM builds the kernel it runs itself (nvrtc, fast
+        # math); whether its register allocation matches was not compared.
         report = ptxas_report(cuda_source(ex), arch)
         if not report:
             raise RuntimeError("nvcc reported no kernel")
@@ -351,9 +351,10 @@ class _Runner:
             self.pool.shutdown()
 
 
-def feature_row(model: str, graph: OpGraph, members) -> dict:
-    """The features part of a group's database row: the learned vector and its context."""
-    f = group_features(graph, members)
+def feature_row(model: str, graph: OpGraph, members, features=None) -> dict:
+    """The features part of a group's database row: the learned vector and its context
+    (``features``: the group's, when the caller has computed them)."""
+    f = features if features is not None else group_features(graph, members)
     return {"model": model, "members": list(members), "features": f.vector(),
             "feature_names": list(FEATURE_NAMES), "context": f.context()}
 
@@ -433,11 +434,12 @@ def measure_model(
             if db.has_group(model, members) and not (gpu and db.is_untimed(model, members)):
                 summary.skipped += 1
                 continue
-            if group_features(graph, members).is_view:
+            features = group_features(graph, members)
+            if features.is_view:
                 summary.views += 1  # timing it as a copy kernel would be a wrong label
                 log(f"  {model} {'+'.join(members)}: a view in the model, not a kernel")
                 continue
-            row = feature_row(model, graph, members)
+            row = feature_row(model, graph, members, features)
             try:
                 func, n_out = group_kernel_and_outputs(prep, graph, members, marked)
             except Exception as err:  # noqa: BLE001 -- a group that cannot form one kernel

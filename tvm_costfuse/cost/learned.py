@@ -127,12 +127,17 @@ def _usable(row: dict) -> bool:
             and not _features_of(row).is_view)
 
 
+def measured_seconds(row: dict) -> float:
+    """Median run time of a usable row, failed runs left out."""
+    return float(np.median([s for s in row["run_secs"] if s < _FAILED]))
+
+
 def rows_to_dataset(rows: Iterable[dict], target) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, log median seconds) of the rows that measured successfully."""
     xs, ys = [], []
     for row in filter(_usable, rows):
         xs.append(_inputs(_features_of(row), target)[0])
-        ys.append(math.log(float(np.median([s for s in row["run_secs"] if s < _FAILED]))))
+        ys.append(math.log(measured_seconds(row)))
     width = len(input_names())
     return np.asarray(xs, dtype=np.float64).reshape(-1, width), np.asarray(ys)
 
@@ -302,11 +307,10 @@ def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS) -> 
 
 
 def _target_work_dir(target) -> Path:
-    """tuning_logs/<kind>-<arch>/groups for a TargetDesc (the database's default folder)."""
-    from ..database import _REPO_ROOT
+    """tuning_logs/<kind>-<arch>/groups for a TargetDesc: the database's default folder."""
+    from ..database import default_work_dir
 
-    kind = "llvm" if target.kind == "cpu" else target.kind
-    return _REPO_ROOT / "tuning_logs" / f"{kind}-{target.arch}" / "groups"
+    return default_work_dir(target.tvm_target())
 
 
 def model_path(target) -> Path:

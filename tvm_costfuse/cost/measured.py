@@ -66,12 +66,11 @@ class MeasuredModel:
     def from_rows(cls, rows: Iterable[dict]) -> MeasuredModel:
         """From features rows (``GroupDatabase.rows()``): the median over a group's successful
         rows; failed builds and lone reshapes (views in a model) are left out."""
-        from .learned import _FAILED, _features_of, _usable
+        from .learned import _features_of, _usable, measured_seconds
 
         samples: dict[str, list[float]] = {}
         for row in filter(_usable, rows):
-            secs = float(np.median([s for s in row["run_secs"] if s < _FAILED]))
-            samples.setdefault(key(_features_of(row)), []).append(secs)
+            samples.setdefault(key(_features_of(row)), []).append(measured_seconds(row))
         return cls({k: float(np.median(v)) for k, v in samples.items()})
 
     def __call__(self, features: GroupFeatures, target,
