@@ -7,14 +7,16 @@ instead of producing a wrong program; the rules catch that and fall through to t
 
 from __future__ import annotations
 
-import os
 
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
-from tvm.target.codegen import llvm_get_vector_width
+
+from ..targets.isa import num_cores, vector_lanes, vector_registers
+
+__all__ = ["num_cores", "vector_lanes", "vector_registers"]  # re-exported for the rules
 
 # Inlining substitutes the producer's expression at every load: a producer that reads its own
 # input twice (gelu, silu) doubles per step. Above this many IR nodes in one block body we keep
@@ -32,28 +34,6 @@ MIN_PARALLEL_FMAS = 1 << 18
 # The parallel loop should have at least this many iterations per core so static chunking
 # balances; with fewer outer rows the split-off vector-chunk loop joins the parallel loop.
 PARALLEL_CHUNKS_PER_CORE = 4
-
-
-def num_cores(target: Target) -> int:
-    """Cores the target declares (``num-cores``), else the cores this process may use."""
-    n = target.attrs.get("num-cores", None)
-    if n is not None and int(n) > 0:
-        return int(n)
-    return len(os.sched_getaffinity(0))
-
-
-def vector_lanes(target: Target, dtype: str) -> int:
-    """SIMD lanes for ``dtype`` on ``target`` (AVX-512 float32: 16); 128-bit if LLVM can't tell."""
-    bits = llvm_get_vector_width(target)
-    if bits is None or bits <= 0:
-        bits = 128
-    return max(bits // tvm.DataType(dtype).bits, 1)
-
-
-def vector_registers(target: Target) -> int:
-    """Architectural vector registers: 32 with AVX-512 (zmm0-31), else 16 (x86 ymm, NEON: 32)."""
-    bits = llvm_get_vector_width(target)
-    return 32 if bits is not None and bits >= 512 else 16
 
 
 def int_extent(sch: s_tir.Schedule, loop: LoopRV) -> int | None:

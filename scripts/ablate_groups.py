@@ -15,24 +15,25 @@ from __future__ import annotations
 
 import argparse
 
-from tvm_costfuse.schedules import host_target, schedule_pass
+from tvm_costfuse.schedules import schedule_pass
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import zoo
+from tvm_costfuse import models
 from tvm_costfuse.config import FusionConfig
-from tvm_costfuse.measure import build, interleaved_medians
+from tvm_costfuse.measurement.timing import build, interleaved_medians
 from tvm_costfuse.partition import ApplyPartition, fuseops_groups
-from tvm_costfuse.passes import prepare
+from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.targets import for_target
 from tvm_costfuse.transform import plan_module
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=zoo.names())
+    ap.add_argument("model", choices=models.names())
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     target = host_target()
-    mod, inputs = zoo.load(args.model)
+    mod, inputs = models.load(args.model)
     prepared = prepare(mod, target)
     fuseops = [list(g) for g in fuseops_groups(prepared)]
     costfuse = [list(g) for g in plan_module(prepared, for_target(target), FusionConfig()).groups]

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import tvm
 from tvm import relax
-from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import zoo
-from tvm_costfuse.measure import geomean, max_mismatch, run
+from tvm_costfuse import models
+from tvm_costfuse.measurement.timing import geomean, max_mismatch, run
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
 
 try:
@@ -131,10 +131,10 @@ def main() -> None:
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager columns")
     args = ap.parse_args()
     target = host_target(args.cores)
-    names = args.models or zoo.names()
+    names = args.models or models.names()
     pipelines = {s: strategy_pipeline(s, target) for s in args.strategies}
     if args.tuned is not None:
-        from tvm_costfuse.tuning import tuned_pipeline
+        from tvm_costfuse.tuning.metaschedule import tuned_pipeline
 
         pipelines["tuned"] = tuned_pipeline(target, args.tuned, fusion="tvm")
     with_torch = torch is not None and not args.no_torch
@@ -148,7 +148,7 @@ def main() -> None:
           + "  tvm err  torch err")
     times: dict[str, list[float]] = {c: [] for c in columns}
     for name in names:
-        mod, inputs = zoo.load(name, small=args.small)
+        mod, inputs = models.load(name, small=args.small)
         built = {k: [tvm.compile(mod, target=target, relax_pipeline=p)
                      for _ in range(args.builds)] for k, p in pipelines.items()}
         ref = run(built[columns[0]][0], inputs)

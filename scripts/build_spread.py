@@ -16,22 +16,22 @@ import argparse
 
 import numpy as np
 import tvm
-from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import zoo
-from tvm_costfuse.measure import interleaved_samples
+from tvm_costfuse import models
+from tvm_costfuse.measurement.timing import interleaved_samples
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=zoo.names())
+    ap.add_argument("model", choices=models.names())
     ap.add_argument("strategies", nargs="+", choices=STRATEGIES)
     ap.add_argument("--builds", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     target = host_target()
-    mod, inputs = zoo.load(args.model)
+    mod, inputs = models.load(args.model)
     builds = {(strategy, b): tvm.compile(mod, target=target,
                                          relax_pipeline=strategy_pipeline(strategy, target))
               for strategy in args.strategies for b in range(args.builds)}

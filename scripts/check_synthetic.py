@@ -15,10 +15,10 @@ import sys
 
 import numpy as np
 import tvm
-from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import zoo
-from tvm_costfuse.measure import max_mismatch, run
+from tvm_costfuse import models
+from tvm_costfuse.measurement.timing import max_mismatch, run
 from tvm_costfuse.strategies import strategy_pipeline
 
 STRATEGIES = ("tvm", "costfuse")
@@ -33,7 +33,7 @@ def main() -> int:
     bad = 0
     for seed in args.seeds or range(PROGRAMS):
         name = f"synth-{seed}"
-        mod, inputs = zoo.load(name)
+        mod, inputs = models.load(name)
         try:
             ref = run(tvm.compile(mod, target=target,
                                   relax_pipeline=strategy_pipeline("none", target)), inputs)

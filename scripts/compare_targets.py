@@ -1,6 +1,6 @@
 """Cross-target comparison: models x fusion strategies x targets (thin wrapper).
 
-Same as ``costfuse compare``; the logic lives in ``tvm_costfuse.compare``. Example::
+Same as ``costfuse compare``; the logic lives in ``tvm_costfuse.report.compare``. Example::
 
     python scripts/compare_targets.py --models all --targets llvm,cuda --out compare_results
 """

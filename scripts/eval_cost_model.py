@@ -6,7 +6,7 @@ refeature: recompute every row's features with the current schema (keeps the tim
     python scripts/eval_cost_model.py refeature
 measure: time the candidate groups of zoo models into tuning_logs/<target>/groups
     python scripts/eval_cost_model.py measure --size small --models mlp_gelu attention
-  and of random test programs (tvm_costfuse.synthetic: synth-0 .. synth-39):
+  and of random test programs (tvm_costfuse.models.synthetic: synth-0 .. synth-39):
     python scripts/eval_cost_model.py measure --synthetic 40
 evaluate: for each zoo model held out, train the learned model on the others' records and
 compare it with the analytical model on the held-out model's records:
@@ -27,16 +27,16 @@ import sys
 
 import numpy as np
 from scipy.stats import kendalltau
-from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import synthetic, zoo
+from tvm_costfuse import models
 from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _features_of, train, train_rows
 from tvm_costfuse.cost.measured import MeasuredModel
-from tvm_costfuse.database import GroupDatabase, default_work_dir
-from tvm_costfuse.feedback import MeasureConfig, feature_row, measure_model
+from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
+from tvm_costfuse.tuning.feedback import MeasureConfig, feature_row, measure_model
 from tvm_costfuse.graph import build_graph
-from tvm_costfuse.passes import prepare
+from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.targets import for_target
 
 
@@ -46,13 +46,13 @@ def _measure(args) -> None:
     config = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
                            timeout_s=args.timeout)
     if args.synthetic:
-        jobs = [(f"{synthetic.PREFIX}{i}", False) for i in range(args.synthetic)]
+        jobs = [(f"{models.synthetic.PREFIX}{i}", False) for i in range(args.synthetic)]
     else:
         jobs = [(name, size == "small") for size in args.size
-                for name in args.models or zoo.names()]
+                for name in args.models or models.names()]
     for name, small in jobs:
-        model = zoo.variant_name(name, small)
-        mod, _ = zoo.load(name, small=small)
+        model = models.variant_name(name, small)
+        mod, _ = models.load(name, small=small)
         print(f"{model}:", flush=True)
         s = measure_model(model, mod, target, work_dir, config, max_groups=args.max_groups,
                           log=lambda m: print(m, flush=True))
@@ -69,7 +69,7 @@ def _refeature(args) -> None:
     for row in db.rows():
         model = row["model"]
         if model not in graphs:
-            graphs[model] = build_graph(prepare(zoo.load_variant(model)[0], target))
+            graphs[model] = build_graph(prepare(models.load_variant(model)[0], target))
         rows.append({**row, **feature_row(model, graphs[model], row["members"])})
     db.rewrite_rows(rows)
     print(f"recomputed the features of {len(rows)} rows of {len(graphs)} models")
@@ -187,8 +187,8 @@ def _evaluate(args) -> None:
     # ground truth for it, nor for a decision with it as a part (20 zoo, 28 synthetic pairs).
     views = [r for r in rows if _features_of(r).is_view]
     rows = [r for r in rows if not _features_of(r).is_view]
-    synth = [r for r in rows if synthetic.is_synthetic(r["model"])]
-    zoo_rows = [r for r in rows if not synthetic.is_synthetic(r["model"])]
+    synth = [r for r in rows if models.synthetic.is_synthetic(r["model"])]
+    zoo_rows = [r for r in rows if not models.synthetic.is_synthetic(r["model"])]
     extra = synth if args.train_synthetic else []
     arch = sorted({r["model"].split("@")[0] for r in zoo_rows})
     print(f"{len(zoo_rows)} measured groups of {len({r['model'] for r in zoo_rows})} zoo "
@@ -203,7 +203,7 @@ def _evaluate(args) -> None:
         return
     print("Unseen synthetic programs (the learned model trained on the whole zoo"
           + (" and the other programs):" if extra else "):"))
-    programs = sorted({r["model"] for r in synth}, key=synthetic.seed_of)
+    programs = sorted({r["model"] for r in synth}, key=models.synthetic.seed_of)
     _table("program", {p: [r for r in synth if r["model"] == p] for p in programs},
            lambda p: zoo_rows + [r for r in extra if r["model"] != p], desc, args.min_records)
 

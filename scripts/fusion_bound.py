@@ -37,13 +37,13 @@ from collections import Counter
 import numpy as np
 import tvm
 from tvm import relax
-from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import zoo
+from tvm_costfuse import models
 from tvm_costfuse.cost.features import op_class
 from tvm_costfuse.graph import build_graph
-from tvm_costfuse.measure import geomean, interleaved_medians, kernel_calls
-from tvm_costfuse.passes import prepare
+from tvm_costfuse.measurement.timing import geomean, interleaved_medians, kernel_calls
+from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.targets import host
 
@@ -126,8 +126,8 @@ def main() -> None:
           f"{'contractions ms':>17}{'max saving ms':>15}{'tvm/costfuse':>14}{'ceiling':>9}"
           f"{'loose':>8}")
     bounds, loose, achieved = [], [], []
-    for name in args.models or zoo.names():
-        mod, inputs = zoo.load(name)
+    for name in args.models or models.names():
+        mod, inputs = models.load(name)
         builds = {(s, i): tvm.compile(mod, target=target,
                                       relax_pipeline=strategy_pipeline(s, target))
                   for s in ("tvm", "costfuse", "none") for i in range(args.builds)}

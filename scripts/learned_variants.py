@@ -53,11 +53,11 @@ from pathlib import Path
 
 import numpy as np
 import xgboost as xgb
-from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import synthetic
+from tvm_costfuse import models
 from tvm_costfuse.cost import learned
-from tvm_costfuse.database import GroupDatabase, default_work_dir
+from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
 from tvm_costfuse.targets import for_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -89,7 +89,7 @@ class Data:
         self.terms = [i for i, n in enumerate(names) if n.startswith(("is_", "log_"))
                       or "_per_" in n]
         self.model = np.array([r["model"] for r in self.rows])
-        self.synth = np.array([synthetic.is_synthetic(m) for m in self.model])
+        self.synth = np.array([models.synthetic.is_synthetic(m) for m in self.model])
         self.unit = np.array([m if s else m.split("@")[0]
                               for m, s in zip(self.model, self.synth, strict=True)])
         where = {id(r): i for i, r in enumerate(self.rows)}
@@ -101,7 +101,7 @@ class Data:
 
 
 def _weights(units: np.ndarray, synth_as_one: bool) -> np.ndarray:
-    keys = np.array(["synth" if synth_as_one and u.startswith(synthetic.PREFIX) else u
+    keys = np.array(["synth" if synth_as_one and u.startswith(models.synthetic.PREFIX) else u
                      for u in units])
     counts = Counter(keys)
     w = np.array([1.0 / counts[k] for k in keys])
@@ -311,7 +311,7 @@ def _per_store(d: Data) -> np.ndarray:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tvm_costfuse.database import workload_hash
+    from tvm_costfuse.tuning.database import workload_hash
 
     target = host_target()
     db = GroupDatabase(default_work_dir(target)).ms_database
@@ -378,7 +378,7 @@ def main() -> None:
         per_store_table(d)
         return
     zoo_units = sorted(set(d.unit[~d.synth]))
-    syn_units = sorted(set(d.unit[d.synth]), key=synthetic.seed_of)
+    syn_units = sorted(set(d.unit[d.synth]), key=models.synthetic.seed_of)
     print(f"{len(d.rows)} rows, {len(d.pairs)} pairs; {len(zoo_units)} zoo architectures, "
           f"{len(syn_units)} synthetic programs")
     print(f"{'variant':<34}{'zoo: analyt':>12}{'xgb':>7}{'synthetic: analyt':>19}{'xgb':>7}"

@@ -1,6 +1,6 @@
 """Greedy vs exact planning on graphs small enough to solve exactly.
 
-Random synthetic DAGs with 6-9 units (``tests/synthetic.random_dag``: chains with fan-in;
+Random synthetic DAGs with 6-9 units (``tvm_costfuse.testing.random_dag``: chains with fan-in;
 ``branchy_dag``: diamonds, siblings, mixed sizes) and the small zoo models
 of at most 9 units, on host and H100: the predicted cost of the greedy plan and of the exact
 optimum (same cost model), and the gap (greedy / exact - 1).
@@ -17,33 +17,23 @@ import sys
 import time
 from pathlib import Path
 
-from tvm_costfuse import FusionConfig, build_graph, plan_exact, plan_greedy, zoo
-from tvm_costfuse.passes import prepare
+from tvm_costfuse import testing as synthetic
+from tvm_costfuse import FusionConfig, build_graph, models, plan_exact, plan_greedy
+from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.planner import initial_units
 from tvm_costfuse.targets import preset
 
 MAX_UNITS = 9
 
 
-def _synthetic():
-    """tests/synthetic.py, imported by path (tests/ is not a package)."""
-    path = Path(__file__).resolve().parent.parent / "tests" / "synthetic.py"
-    spec = importlib.util.spec_from_file_location("costfuse_synthetic", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
-
-
 def graphs(seeds: int):
     """(label, OpGraph) for every graph compared."""
-    synthetic = _synthetic()
     for n in range(6, MAX_UNITS + 1):
         for seed in range(seeds):
             yield f"random n={n} seed={seed}", synthetic.random_dag(n, seed=seed, fan_in=0.5)
             yield f"branchy n={n} seed={seed}", synthetic.branchy_dag(n, seed=seed)
-    for name in zoo.names():
-        graph = build_graph(prepare(zoo.load(name, small=True)[0]))
+    for name in models.names():
+        graph = build_graph(prepare(models.load(name, small=True)[0]))
         if len(initial_units(graph)) <= MAX_UNITS:
             yield f"zoo {name}", graph
 

@@ -9,8 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from synthetic import random_dag  # the tests' generator: one definition
+from tvm_costfuse.testing import random_dag
 
 from tvm_costfuse import FusionConfig, plan_greedy
 from tvm_costfuse.targets import preset

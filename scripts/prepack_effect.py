@@ -16,17 +16,18 @@ import argparse
 
 import numpy as np
 import tvm
-from tvm_costfuse.schedules import host_target, schedule_pass
+from tvm_costfuse.schedules import schedule_pass
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import zoo
-from tvm_costfuse.measure import geomean, interleaved_samples, max_mismatch, run
-from tvm_costfuse.passes import build_pipeline
+from tvm_costfuse import models
+from tvm_costfuse.measurement.timing import geomean, interleaved_samples, max_mismatch, run
+from tvm_costfuse.pipelines import build_pipeline
 from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=zoo.names(), choices=zoo.names())
+    ap.add_argument("--models", nargs="+", default=models.names(), choices=models.names())
     ap.add_argument("--builds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--small", action="store_true")
@@ -37,7 +38,7 @@ def main() -> None:
           f"{'unpacked/packed':>17}")
     ratios = []
     for name in args.models:
-        mod, inputs = zoo.load(name, small=args.small)
+        mod, inputs = models.load(name, small=args.small)
         ref = run(tvm.compile(mod, target, relax_pipeline=strategy_pipeline("stock", target)),
                   inputs)
         builds = {}

@@ -1,6 +1,6 @@
 """The zoo's models in plain PyTorch eager, with the zoo's own weights: the bench's baseline.
 
-Each function mirrors one ``tvm_costfuse.zoo`` model op by op. Layer configuration (strides,
+Each function mirrors one ``tvm_costfuse.models.zoo`` model op by op. Layer configuration (strides,
 groups, activations, residual branches) is read from the zoo's ``relax.frontend.nn`` module
 itself, and the weights are the zoo's arrays, so TVM and PyTorch run the same computation;
 ``bench_cpu.py`` checks their outputs against TVM's stock build before timing.
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tvm_costfuse import zoo
+from tvm_costfuse import models
 
 Weights = dict[str, torch.Tensor]
 
@@ -141,7 +141,7 @@ def _elementwise_chain(m, w, x):
 
 
 # One twin per zoo model, found by name: a model added to the zoo without a twin fails here.
-_MODELS: dict[str, Callable] = {name: globals()[f"_{name}"] for name in zoo.names()}
+_MODELS: dict[str, Callable] = {name: globals()[f"_{name}"] for name in models.names()}
 
 
 def names() -> list[str]:
@@ -151,7 +151,7 @@ def names() -> list[str]:
 
 def load(name: str, small: bool = False) -> tuple[Callable[[], torch.Tensor], list[np.ndarray]]:
     """A no-argument callable running the model eagerly on the zoo's inputs, and the inputs."""
-    module, weights, inputs = zoo._build(name, small)
+    module, weights, inputs = models.zoo.build(name, small)
     w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()}
     args = [torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values()]
     fn = _MODELS[name]

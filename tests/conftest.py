@@ -11,9 +11,9 @@ os.environ["TVM_COSTFUSE_CALIBRATION"] = "none"
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from tvm_costfuse import zoo
-from tvm_costfuse.measure import build, run
-from tvm_costfuse.passes import prepare
+from tvm_costfuse import models
+from tvm_costfuse.measurement.timing import build, run
+from tvm_costfuse.pipelines import prepare
 
 # CI draws the same plans every run (a red CI must be reproducible); set
 # HYPOTHESIS_PROFILE=explore locally to draw new ones.
@@ -31,7 +31,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @functools.cache
 def prepared(name: str, small: bool = True):
     """(module after the pre-fusion passes, example inputs) for a zoo model."""
-    mod, inputs = zoo.load(name, small=small)
+    mod, inputs = models.load(name, small=small)
     return prepare(mod), inputs
 
 

@@ -11,7 +11,7 @@ import csv
 import pytest
 
 from tvm_costfuse.cli import main
-from tvm_costfuse.compare import compare
+from tvm_costfuse.report.compare import compare
 
 MODELS = ("attention", "bert_layer", "gpt2_block")
 STRATEGIES = ("none", "tvm", "costfuse", "bogus")

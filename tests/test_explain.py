@@ -9,7 +9,7 @@ from conftest import prepared
 
 from tvm_costfuse import build_graph
 from tvm_costfuse.cli import main
-from tvm_costfuse.explain import draw, explain, format_text, intermediate_bytes, kernels_of
+from tvm_costfuse.report.explain import draw, explain, format_text, intermediate_bytes, kernels_of
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from conftest import prepared
 
 from tvm_costfuse.cost.analytical import estimate, launch_seconds
 from tvm_costfuse.cost.features import GroupFeatures, group_features
-from tvm_costfuse.database import GroupDatabase
-from tvm_costfuse.feedback import feature_row
+from tvm_costfuse.tuning.database import GroupDatabase
+from tvm_costfuse.tuning.feedback import feature_row
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.targets import host, preset
 
@@ -105,17 +105,17 @@ def test_cpu_reduction_class_agrees_with_the_row_reduction_rule() -> None:
     features say
     ``reduction`` on CPU exactly when our row-reduction rule schedules the fused kernel (a
     second output or a transpose after the reduction makes the rule decline: fallback)."""
-    from tvm_costfuse.schedules import host_target
+    from tvm_costfuse.targets import host_target
     from tvm_costfuse.schedules.cpu import Contraction, RowReduction
 
-    from tvm_costfuse import FusionConfig, zoo
-    from tvm_costfuse.feedback import candidate_groups, group_kernel_and_outputs
-    from tvm_costfuse.passes import prepare
+    from tvm_costfuse import FusionConfig, models
+    from tvm_costfuse.tuning.feedback import candidate_groups, group_kernel_and_outputs
+    from tvm_costfuse.pipelines import prepare
 
     target = host_target(2)
     seen = set()
     for name in ("synth-24", "synth-8"):  # sequence programs, (1, 32, 64) and (1, 128, 64)
-        mod = prepare(zoo.load(name)[0], target)
+        mod = prepare(models.load(name)[0], target)
         g = build_graph(mod)
         extra = {"synth-8": [["layer_norm", "reshape", "permute_dims2"]],  # a transposed norm
                  "synth-24": [["mul2", "mul3", "square2", "mean2"]]}[name]  # mul3 read outside

@@ -8,12 +8,12 @@ import re
 import tvm
 from conftest import prepared
 from tvm.s_tir import meta_schedule as ms
-from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import feedback
+from tvm_costfuse.tuning import feedback
 from tvm_costfuse.cost.features import FEATURE_NAMES
-from tvm_costfuse.database import FAILED_RUN_SECS, GroupDatabase
-from tvm_costfuse.feedback import MeasureConfig, build_and_time, candidate_groups, measure_model
+from tvm_costfuse.tuning.database import FAILED_RUN_SECS, GroupDatabase
+from tvm_costfuse.tuning.feedback import MeasureConfig, build_and_time, candidate_groups, measure_model
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.targets import for_target
 
@@ -185,14 +185,14 @@ def test_rpc_tracker_runner_measures_on_a_localhost_server(tmp_path):
 def test_cuda_candidates_get_ptxas_resources_and_are_timed_only_on_a_gpu(tmp_path):
     """On a CUDA target every candidate is compiled with dlight's rules and profiled by ptxas
     (nvcc, no GPU needed); without a GPU it is recorded untimed, and not trained on."""
-    from tvm_costfuse import zoo
+    from tvm_costfuse import models
     from tvm_costfuse.cost import learned
-    from tvm_costfuse.passes import prepare
+    from tvm_costfuse.pipelines import prepare
     from tvm_costfuse.targets import preset
 
     desc = preset("h200")
     target = desc.tvm_target()
-    mod = prepare(zoo.load("mlp_gelu", small=True)[0], target)
+    mod = prepare(models.load("mlp_gelu", small=True)[0], target)
     s = measure_model("mlp_gelu@small", mod, target, tmp_path, FAST, groups=GROUPS,
                       prepared=True)
     gpu = bool(tvm.cuda().exist)
@@ -215,13 +215,13 @@ def test_untimed_cuda_groups_are_timed_once_a_gpu_is_there(tmp_path, monkeypatch
     """Recorded without a GPU, a group is not "already recorded" on a GPU: it is measured then,
     and its workload is reused from the timed row (the GPU here is simulated: a runner that
     returns times, as build_and_profile_cuda does on a GPU)."""
-    from tvm_costfuse import zoo
-    from tvm_costfuse.passes import prepare
+    from tvm_costfuse import models
+    from tvm_costfuse.pipelines import prepare
     from tvm_costfuse.targets import preset
 
     desc = preset("h200")
     target = desc.tvm_target()
-    mod = prepare(zoo.load("mlp_gelu", small=True)[0], target)
+    mod = prepare(models.load("mlp_gelu", small=True)[0], target)
     untimed = {"run_secs": [], "ptxas": {"registers": 8, "spill_bytes": 0, "kernels": 1},
                "not_timed": "no GPU present"}
     timed = {"run_secs": [2e-6, 3e-6], "ptxas": {"registers": 8, "spill_bytes": 0,
@@ -247,8 +247,9 @@ def test_untimed_cuda_groups_are_timed_once_a_gpu_is_there(tmp_path, monkeypatch
 
 
 def test_cuda_kernel_without_nvcc_is_still_recorded_with_the_reason(monkeypatch):
-    from tvm_costfuse import registers, zoo
-    from tvm_costfuse.passes import prepare
+    from tvm_costfuse import models
+    from tvm_costfuse.measurement import registers
+    from tvm_costfuse.pipelines import prepare
     from tvm_costfuse.targets import preset
 
     def no_nvcc(*_a, **_k):
@@ -256,7 +257,7 @@ def test_cuda_kernel_without_nvcc_is_still_recorded_with_the_reason(monkeypatch)
 
     monkeypatch.setattr(registers, "ptxas_report", no_nvcc)
     target = preset("h200").tvm_target()
-    mod = prepare(zoo.load("mlp_gelu", small=True)[0], target)
+    mod = prepare(models.load("mlp_gelu", small=True)[0], target)
     func, n_out = feedback.group_kernel_and_outputs(mod, build_graph(mod), ("add",))
     scheduled, _ = feedback.schedule_kernel(func, target)
     out = feedback.build_and_profile_cuda(tvm.ir.save_json(scheduled), target.export(), 1, 2,

@@ -10,10 +10,10 @@ import tvm_ffi
 from conftest import prepared, reference
 from tvm import relax, te, topi
 
-from tvm_costfuse import PartitionError, apply_partition, fuseops_groups, zoo
+from tvm_costfuse import PartitionError, apply_partition, fuseops_groups, models
 from tvm_costfuse.graph import build_graph
-from tvm_costfuse.measure import assert_close, build, run
-from tvm_costfuse.passes import prepare
+from tvm_costfuse.measurement.timing import assert_close, build, run
+from tvm_costfuse.pipelines import prepare
 
 
 def _grouped_functions(mod: tvm.IRModule) -> dict[str, relax.Function]:
@@ -25,7 +25,7 @@ def _grouped_functions(mod: tvm.IRModule) -> dict[str, relax.Function]:
 
 
 @pytest.mark.parametrize("small", [True, False], ids=["small", "full"])
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", models.names())
 def test_fuseops_partition_round_trips(name: str, small: bool) -> None:
     mod, _ = prepared(name, small)
     groups = fuseops_groups(mod)

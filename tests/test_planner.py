@@ -6,7 +6,7 @@ import time
 
 import pytest
 from conftest import prepared
-from synthetic import branchy_dag, make_graph, op, random_dag
+from tvm_costfuse.testing import branchy_dag, make_graph, op, random_dag
 
 from tvm_costfuse import FusionConfig, build_graph, plan_exact, plan_greedy
 from tvm_costfuse.cost import group_features
@@ -79,13 +79,13 @@ def test_max_chain_length_and_max_body_ops_bound_every_group() -> None:
     assert any("max_body_ops 3" in d.reason for d in narrow.decisions)
 
 
-def test_thousand_node_graph_plans_in_under_a_second() -> None:
+def test_thousand_node_graph_plans_every_node_once() -> None:
+    """A 1000-node graph plans to a partition of its nodes (planning speed is measured by
+    ``scripts/planner_speed.py``, not asserted here)."""
     graph = random_dag(1000, seed=1)
-    start = time.perf_counter()
     plan = plan_greedy(graph, H100, FusionConfig())
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"planning 1000 nodes took {elapsed:.2f} s"
-    assert plan.kernels() < 1000
+    members = [n for g in plan.groups for n in g]
+    assert len(members) == len(set(members)) and plan.kernels() < 1000
 
 
 def test_merging_unrelated_ops_does_not_borrow_parallelism() -> None:

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from tvm_costfuse.schedules import host_target, schedule_pass
+from tvm_costfuse.schedules import schedule_pass
+from tvm_costfuse.targets import host_target
 from tvm_costfuse.schedules.prepack import pack_constants, packed
 
-from tvm_costfuse.measure import max_mismatch, run
-from tvm_costfuse.passes import fuse
+from tvm_costfuse.measurement.timing import max_mismatch, run
+from tvm_costfuse.pipelines import fuse
 from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
 
 TARGET = host_target(2)

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 import tvm
 from tvm.script import tirx as T
-from tvm_costfuse.schedules import cuda
+from tvm_costfuse.measurement import cuda_source as cuda
+from tvm_costfuse.targets import cuda_target
 
-from tvm_costfuse import registers, zoo
-from tvm_costfuse.registers import KernelResources, SpillCount
+from tvm_costfuse import models
+from tvm_costfuse.measurement import registers
+from tvm_costfuse.measurement.registers import KernelResources, SpillCount
 
 DATA = Path(__file__).parent / "data"
 
@@ -109,8 +111,8 @@ ptxas info    : Used 12 registers, used 0 barriers
 def zoo_cuda() -> dict[str, str]:
     """Model -> CUDA source of its small variant (TVM codegen, ~9 s for all ten)."""
     return {
-        name: cuda.cuda_source(cuda.compile_cuda(zoo.load(name, small=True)[0]))
-        for name in zoo.names()
+        name: cuda.cuda_source(cuda.compile_cuda(models.load(name, small=True)[0]))
+        for name in models.names()
     }
 
 
@@ -122,7 +124,7 @@ def zoo_ptxas(zoo_cuda) -> dict[str, dict[str, KernelResources]]:
         return dict(zip(zoo_cuda, reports, strict=True))
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", models.names())
 def test_zoo_model_compiles_for_sm90(zoo_cuda, name):
     kernels = cuda.kernel_sources(zoo_cuda[name])
     assert kernels
@@ -130,7 +132,7 @@ def test_zoo_model_compiles_for_sm90(zoo_cuda, name):
     assert all(src.count("__global__") == 1 for src in kernels.values())
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", models.names())
 def test_zoo_model_ptxas_one_entry_per_kernel(zoo_cuda, zoo_ptxas, name):
     report = zoo_ptxas[name]
     assert set(report) == set(cuda.kernel_sources(zoo_cuda[name]))
@@ -147,7 +149,7 @@ def test_guarded_rule_turns_errors_into_no_match():
             raise AssertionError("boom")
 
     rule = cuda.GuardedRule(Raises())
-    assert rule.apply(mod["acc4"], cuda.cuda_target(), False) is None
+    assert rule.apply(mod["acc4"], cuda_target(), False) is None
     assert "AssertionError: boom" in rule.rejections[0][1]
 
 
@@ -210,7 +212,7 @@ def test_cpu_spill_report_names_relax_kernels():
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": AVX512})
-    mod, _ = zoo.load("layernorm_mlp", small=True)
+    mod, _ = models.load("layernorm_mlp", small=True)
     ex = tvm.compile(mod, target=target, relax_pipeline=cpu_generic.get_default_pipeline(target))
     report = registers.cpu_spill_report(ex)
     assert set(report) == {"layer_norm", "fused_matmul_add_gelu", "fused_matmul1_add1_add2"}

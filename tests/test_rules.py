@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import prepared, reference
 
-from tvm_costfuse import FusionConfig, apply_partition, build_graph, zoo
-from tvm_costfuse.measure import assert_close, build, run
+from tvm_costfuse import FusionConfig, apply_partition, build_graph, models
+from tvm_costfuse.measurement.timing import assert_close, build, run
 from tvm_costfuse.partition import resolve_groups
 from tvm_costfuse.planner import initial_units
 from tvm_costfuse.rules import RulesFuse, rules_groups
@@ -48,7 +48,7 @@ def test_never_two_contractions_or_a_contraction_and_a_reduction() -> None:
             assert not ("contraction" in classes and "reduction" in classes), group
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", models.names())
 def test_groups_are_convex_and_apply(name: str) -> None:
     mod = prepared(name)[0]
     groups = rules_groups(build_graph(mod))
@@ -65,5 +65,5 @@ def test_caps_bound_every_group() -> None:
 
 @pytest.mark.parametrize("name", ["conv_bn_relu", "rmsnorm", "gpt2_block"])
 def test_numerics_match_no_fusion(name: str) -> None:
-    mod, inputs = zoo.load(name, small=True)
+    mod, inputs = models.load(name, small=True)
     assert_close(run(build(mod, fusion=RulesFuse()), inputs), reference(name))

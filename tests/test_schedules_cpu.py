@@ -23,7 +23,7 @@ from tvm_costfuse.schedules import (
     schedule_pass,
 )
 
-from tvm_costfuse.measure import max_mismatch, run
+from tvm_costfuse.measurement.timing import max_mismatch, run
 from tvm_costfuse.strategies import strategy_pipeline
 
 TARGET = host_target(2)
@@ -318,17 +318,17 @@ def test_symbolic_batch_numerics_match_stock():
 
 def _zoo_names() -> list[str]:
     try:
-        from tvm_costfuse import zoo
+        from tvm_costfuse import models
     except ImportError:  # pragma: no cover - zoo is another module's job
         return []
-    return zoo.names()
+    return models.names()
 
 
 @pytest.mark.parametrize("name", _zoo_names())
 def test_zoo_small_numerics_match_stock(name):
-    from tvm_costfuse import zoo
+    from tvm_costfuse import models
 
-    _check_numerics(*zoo.load(name, small=True))
+    _check_numerics(*models.load(name, small=True))
 
 
 def test_epilogue_inline_keeps_a_tensor_other_blocks_read():
@@ -336,11 +336,11 @@ def test_epilogue_inline_keeps_a_tensor_other_blocks_read():
     later adds, one of them (add2) an output of the kernel. Inlining add2 into add1's block
     would overwrite add1's tensor, which add3 still reads; TVM 0.27 lets it happen and lowering
     then fails ("used before its definition"). Built and checked against the unfused model."""
-    from tvm_costfuse import zoo
+    from tvm_costfuse import models
     from tvm_costfuse.partition import ApplyPartition
-    from tvm_costfuse.passes import build_pipeline
+    from tvm_costfuse.pipelines import build_pipeline
 
-    mod, inputs = zoo.load("synth-9")
+    mod, inputs = models.load("synth-9")
     group = ["conv2d", "batch_norm", "bn", "relu", "add", "add1", "add2", "add3"]
     ref = run(tvm.compile(mod, target=TARGET, relax_pipeline=build_pipeline(TARGET)), inputs)
     ex = tvm.compile(mod, target=TARGET,

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import tvm
 
-from tvm_costfuse import calibrate, targets
+from tvm_costfuse import targets
+from tvm_costfuse.targets import machine
+from tvm_costfuse.measurement import calibrate
 from tvm_costfuse.targets import A100, H100, H200
 
 
@@ -60,7 +62,7 @@ def _sysfs_cache(level: int) -> int | None:
         if int((index / "level").read_text()) == level and (
             (index / "type").read_text().strip() != "Instruction"
         ):
-            return targets._parse_size((index / "size").read_text())
+            return machine._parse_size((index / "size").read_text())
     return None
 
 
@@ -82,9 +84,9 @@ def test_host_matches_this_machine():
 
 
 def test_parse_size():
-    assert targets._parse_size("32K\n") == 32 << 10
-    assert targets._parse_size("32 M") == 32 << 20
-    assert targets._parse_size("1024") == 1024
+    assert machine._parse_size("32K\n") == 32 << 10
+    assert machine._parse_size("32 M") == 32 << 20
+    assert machine._parse_size("1024") == 1024
 
 
 def test_for_target():

@@ -8,25 +8,26 @@ import tvm
 from conftest import prepared, reference
 from test_partition import _symbolic_module
 from tvm import relax
-from tvm_costfuse.schedules.cuda import cuda_target, kernel_sources
+from tvm_costfuse.measurement.cuda_source import kernel_sources
+from tvm_costfuse.targets import cuda_target
 
 import tvm_costfuse
-from tvm_costfuse import CostFuse, zoo
+from tvm_costfuse import CostFuse, models
 from tvm_costfuse.cost import group_features
 from tvm_costfuse.graph import build_graph
-from tvm_costfuse.measure import assert_close, run
+from tvm_costfuse.measurement.timing import assert_close, run
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", models.names())
 def test_costfuse_pipeline_matches_unfused_on_llvm(name: str) -> None:
-    mod, inputs = zoo.load(name, small=True)
+    mod, inputs = models.load(name, small=True)
     ex = tvm.compile(mod, target="llvm", relax_pipeline=tvm_costfuse.pipeline("llvm"))
     assert_close(run(ex, inputs), reference(name), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", models.names())
 def test_costfuse_pipeline_compiles_for_cuda_offline(name: str) -> None:
-    mod, _ = zoo.load(name, small=True)
+    mod, _ = models.load(name, small=True)
     target = cuda_target("sm_90")
     with target:
         ex = tvm.compile(mod, target=target, relax_pipeline=tvm_costfuse.pipeline(target))
@@ -65,7 +66,7 @@ def test_bad_config_values_are_clear_errors() -> None:
 
 
 def test_named_pipeline() -> None:
-    mod, inputs = zoo.load("rmsnorm", small=True)
+    mod, inputs = models.load("rmsnorm", small=True)
     ex = tvm.compile(mod, target="llvm", relax_pipeline="costfuse")
     assert_close(run(ex, inputs), reference("rmsnorm"))
 
@@ -77,7 +78,7 @@ def test_symbolic_region_is_left_to_fuseops_and_reported() -> None:
     plan = fuse.plans["main"]
     assert plan.left_to_fuseops and "left to FuseOps" in plan.notes[0]
     tvm.ir.assert_structural_equal(fused, relax.transform.FuseOps()(mod))
-    ex = tvm.compile(fused, target="llvm", relax_pipeline=tvm_costfuse.passes.build_pipeline(
+    ex = tvm.compile(fused, target="llvm", relax_pipeline=tvm_costfuse.pipelines.build_pipeline(
         "llvm", None))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     x = np.linspace(-1, 1, 5).astype("float32")

@@ -12,11 +12,11 @@ import math
 import pytest
 import tvm
 from tvm.s_tir import meta_schedule as ms
-from tvm_costfuse.schedules import host_target
+from tvm_costfuse.targets import host_target
 
-from tvm_costfuse import zoo
-from tvm_costfuse.measure import assert_close, build, run
-from tvm_costfuse.tuning import default_work_dir, fuse, tune_model, tuned_pipeline
+from tvm_costfuse import models
+from tvm_costfuse.measurement.timing import assert_close, build, run
+from tvm_costfuse.tuning.metaschedule import default_work_dir, fuse, tune_model, tuned_pipeline
 
 TUNED = "fused_matmul_add_gelu"  # FuseOps' first group in mlp_gelu: the one we tune
 UNTUNED = "fused_matmul1_add1"  # the second Linear: left to our rules
@@ -29,7 +29,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def model():
-    return zoo.load("mlp_gelu", small=True)
+    return models.load("mlp_gelu", small=True)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def work_dir(tmp_path_factory, target, model):
 
 def _scheduled(target, work_dir) -> tvm.IRModule:
     """The fused module after ApplyDatabase and our rules, as tuned_pipeline schedules it."""
-    mod = fuse(zoo.load("mlp_gelu", small=True)[0], target)
+    mod = fuse(models.load("mlp_gelu", small=True)[0], target)
     with target:
         mod = tvm.relax.transform.MetaScheduleApplyDatabase(str(work_dir))(mod)
         from tvm_costfuse.schedules import schedule_pass

@@ -1,4 +1,4 @@
-"""Tests for tvm_costfuse.zoo on the small variants (fast: each builds for llvm in ~0.1-3 s)."""
+"""Tests for tvm_costfuse.models.zoo on the small variants (fast: each builds for llvm in ~0.1-3 s)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_costfuse import zoo
+from tvm_costfuse import models
 
 EXPECTED_NAMES = [
     "mlp_gelu",
@@ -52,17 +52,17 @@ def _run(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> np.ndarray:
 def _small_output(name: str) -> np.ndarray:
     """Each small model is compiled once per test session."""
     if name not in _RUNS:
-        _RUNS[name] = _run(*zoo.load(name, small=True))
+        _RUNS[name] = _run(*models.load(name, small=True))
     return _RUNS[name]
 
 
 def test_names_exact() -> None:
-    assert zoo.names() == EXPECTED_NAMES
+    assert models.names() == EXPECTED_NAMES
 
 
 @pytest.mark.parametrize("name", EXPECTED_NAMES)
 def test_load_small_structure(name: str) -> None:
-    mod, inputs = zoo.load(name, small=True)
+    mod, inputs = models.load(name, small=True)
     relax.analysis.well_formed(mod)  # raises on the first violation
     assert [gv.name_hint for gv in mod.get_global_vars()] == ["main"]
     func = mod["main"]
@@ -79,14 +79,14 @@ def test_load_small_structure(name: str) -> None:
 
 @pytest.mark.parametrize("name", EXPECTED_NAMES)
 def test_load_is_deterministic(name: str) -> None:
-    mod_a, inputs_a = zoo.load(name, small=True)
-    mod_b, inputs_b = zoo.load(name, small=True)
+    mod_a, inputs_a = models.load(name, small=True)
+    mod_b, inputs_b = models.load(name, small=True)
     tvm.ir.assert_structural_equal(mod_a, mod_b)  # constants compared by value
     assert list(inputs_a) == list(inputs_b)
     for key in inputs_a:
         np.testing.assert_array_equal(inputs_a[key], inputs_b[key])
-    _, weights_a, _ = zoo._build(name, small=True)
-    _, weights_b, _ = zoo._build(name, small=True)
+    _, weights_a, _ = models.zoo.build(name, small=True)
+    _, weights_b, _ = models.zoo.build(name, small=True)
     assert list(weights_a) == list(weights_b)
     for key in weights_a:
         np.testing.assert_array_equal(weights_a[key], weights_b[key])
@@ -104,7 +104,7 @@ def test_small_keeps_structure() -> None:
     """The small variants keep every layer: count the high-level ops."""
     counts = {}
     for name in ("resnet18", "mobilenetv2"):
-        script = zoo.load(name, small=True)[0].script()
+        script = models.load(name, small=True)[0].script()
         counts[name] = (script.count("R.nn.conv2d("), script.count("R.nn.batch_norm("))
     assert counts["resnet18"] == (20, 20)  # stem + 8 blocks x 2 + 3 downsamples
     assert counts["mobilenetv2"] == (52, 52)  # stem + 17 blocks (16 with expand x 3, 1 x 2) + head
@@ -121,7 +121,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def test_mlp_gelu_matches_numpy() -> None:
-    _, w, inputs = zoo._build("mlp_gelu", small=True)
+    _, w, inputs = models.zoo.build("mlp_gelu", small=True)
     x = inputs["x"].astype(np.float64)
     h = _gelu(x @ w["fc1.weight"].T + w["fc1.bias"])
     ref = h @ w["fc2.weight"].T + w["fc2.bias"]
@@ -129,7 +129,7 @@ def test_mlp_gelu_matches_numpy() -> None:
 
 
 def test_attention_matches_numpy() -> None:
-    _, w, inputs = zoo._build("attention", small=True)
+    _, w, inputs = models.zoo.build("attention", small=True)
     assert w == {}
     q, k, v = (inputs[n].astype(np.float64) for n in ("q", "k", "v"))
     ref = _softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])) @ v
@@ -137,21 +137,21 @@ def test_attention_matches_numpy() -> None:
 
 
 def test_rmsnorm_matches_numpy() -> None:
-    module, w, inputs = zoo._build("rmsnorm", small=True)
+    module, w, inputs = models.zoo.build("rmsnorm", small=True)
     x = inputs["x"].astype(np.float64)
     ref = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + module.eps) * w["weight"]
     np.testing.assert_allclose(_small_output("rmsnorm"), ref, rtol=1e-4, atol=1e-5)
 
 
 def test_rmsnorm_is_spelled_out() -> None:
-    script = zoo.load("rmsnorm", small=True)[0].script()
+    script = models.load("rmsnorm", small=True)[0].script()
     for op in ("R.square(", "R.mean(", "R.add(", "R.rsqrt(", "R.multiply("):
         assert op in script
     assert "rms_norm" not in script
 
 
 def test_elementwise_chain_is_long_and_elementwise() -> None:
-    func = zoo.load("elementwise_chain", small=True)[0]["main"]
+    func = models.load("elementwise_chain", small=True)[0]["main"]
     ops = []
     relax.analysis.post_order_visit(
         func, lambda e: ops.append(e.op.name) if isinstance(e, relax.Call) else None
@@ -162,7 +162,7 @@ def test_elementwise_chain_is_long_and_elementwise() -> None:
 
 def test_gpt2_block_is_causal() -> None:
     """Changing the last token must not change the outputs of earlier tokens."""
-    mod, inputs = zoo.load("gpt2_block", small=True)
+    mod, inputs = models.load("gpt2_block", small=True)
     ex = tvm.compile(mod, target=_TARGET, relax_pipeline=relax.get_default_pipeline(_TARGET))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     x = inputs["x"]
@@ -176,9 +176,9 @@ def test_gpt2_block_is_causal() -> None:
 
 def test_unknown_name_raises() -> None:
     with pytest.raises(ValueError, match=r"unknown model 'resnet50'; valid names: mlp_gelu, "):
-        zoo.load("resnet50")
+        models.load("resnet50")
     with pytest.raises(ValueError, match="elementwise_chain"):
-        zoo.load("nope", small=True)
+        models.load("nope", small=True)
 
 
 def test_load_torch() -> None:
@@ -195,7 +195,7 @@ def test_load_torch() -> None:
     torch.manual_seed(0)
     net = Net().eval()
     x = torch.randn(2, 16)
-    mod, inputs = zoo.load_torch(net, (x,))
+    mod, inputs = models.load_torch(net, (x,))
     relax.analysis.well_formed(mod)
     assert [gv.name_hint for gv in mod.get_global_vars()] == ["main"]
     assert len(mod["main"].params) == 1  # weights bound as constants
@@ -225,11 +225,11 @@ def test_load_onnx(tmp_path) -> None:
     path = tmp_path / "tiny.onnx"
     onnx.save(model, str(path))
 
-    mod, inputs = zoo.load_onnx(path)
+    mod, inputs = models.load_onnx(path)
     relax.analysis.well_formed(mod)
     assert [gv.name_hint for gv in mod.get_global_vars()] == ["main"]
     assert list(inputs) == ["x"] and inputs["x"].shape == (2, 16)
-    _, again = zoo.load_onnx(path)
+    _, again = models.load_onnx(path)
     np.testing.assert_array_equal(inputs["x"], again["x"])
     ref = np.maximum(inputs["x"] @ weight, 0)
     np.testing.assert_allclose(_run(mod, inputs), ref, rtol=1e-5, atol=1e-6)

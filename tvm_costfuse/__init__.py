@@ -24,7 +24,7 @@ Importing the package registers the ``costfuse.*`` PassContext keys and the name
 from .config import FusionConfig, register_config_keys
 from .graph import OpGraph, build_graph
 from .partition import ApplyPartition, PartitionError, apply_partition, fuseops_groups
-from .passes import pipeline, register_named_pipeline
+from .pipelines import pipeline, register_named_pipeline
 from .planner import FusionPlan, plan_exact, plan_greedy
 from .transform import CostFuse
 

@@ -10,22 +10,23 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import tvm
 
-from . import zoo
+from . import models
 from .config import FusionConfig
 from .graph import build_graph
-from .measure import assert_close, interleaved_medians, run
+from .measurement.timing import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
-from .passes import prepare
-from .schedules import host_target
+from .pipelines import prepare
+from .targets import host_target
 from .strategies import STRATEGIES, strategy_pipeline
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    mod, inputs = zoo.load(args.model, small=args.small)
+    mod, inputs = models.load(args.model, small=args.small)
     target = host_target()
     print(f"model {args.model}{' (small)' if args.small else ''}, target {target}")
     executables, compile_s, kernels = {}, {}, {}
@@ -49,14 +50,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_zoo(_args: argparse.Namespace) -> int:
-    for name in zoo.names():
+def cmd_models(_args: argparse.Namespace) -> int:
+    for name in models.names():
         print(name)
     return 0
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    mod, _ = zoo.load(args.model, small=args.small)
+    mod, _ = models.load(args.model, small=args.small)
     mod = prepare(mod)
     graph = build_graph(mod)
     group_of = {n: i for i, g in enumerate(fuseops_groups(mod)) for n in g}
@@ -73,7 +74,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     import json
 
-    from .explain import draw, explain, format_text
+    from .report.explain import draw, explain, format_text
 
     caps = {"max_chain_length": args.max_chain_length, "max_body_ops": args.max_body_ops,
             "register_budget": args.register_budget}
@@ -85,16 +86,28 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_spec(text: str) -> str:
+    """argparse type of a model argument: a registry name or an existing model file."""
+    if text in models.names() or text.startswith("synth-"):
+        return text
+    if text.endswith((".onnx", ".pt2")):
+        if not Path(text).is_file():
+            raise argparse.ArgumentTypeError(f"model file {text!r} does not exist")
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown model {text!r}; choose a name from `costfuse models` or an .onnx/.pt2 path")
+
+
 def _csv_list(text: str) -> list[str]:
     return [x for x in text.split(",") if x]
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare, markdown_table
+    from .report.compare import compare, markdown_table
 
-    models = [m for spec in args.models for m in _csv_list(spec)]
+    specs = [m for spec in args.models for m in _csv_list(spec)]
     start = time.perf_counter()
-    cells = compare(models, _csv_list(args.strategies), _csv_list(args.targets), args.out,
+    cells = compare(specs, _csv_list(args.strategies), _csv_list(args.targets), args.out,
                     small=args.small, repeat=args.repeat, gpu=args.gpu,
                     measure_cuda=args.measure_cuda, progress=not args.no_progress)
     print(markdown_table(cells))
@@ -108,8 +121,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     """Measure the planner's candidate groups (most consequential first: the greedy planner
     weighs merges in order of predicted gain), retrain the learned model, re-plan."""
     from .cost.learned import train  # xgboost loads only on demand
-    from .database import default_work_dir
-    from .feedback import MeasureConfig, measure_model
+    from .tuning.database import default_work_dir
+    from .tuning.feedback import MeasureConfig, measure_model
     from .planner import plan_greedy
     from .targets import for_target
     from .transform import plan_module
@@ -131,8 +144,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         desc = preset(args.target)
         target = desc.tvm_target()
     work_dir = args.work_dir or default_work_dir(target)
-    mod, _ = zoo.load(args.model, small=args.small)
-    model_name = zoo.variant_name(args.model, args.small)  # as the scripts record it
+    mod, _ = models.load(args.model, small=args.small)
+    model_name = models.variant_name(args.model, args.small)  # as the scripts record it
     prepared = prepare(mod, target)
     before = plan_module(prepared, desc, FusionConfig(cost_model="analytical"))
     bar = tqdm(total=args.budget, desc=f"tune {model_name}", unit="group") if tqdm else None
@@ -167,7 +180,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import main as calibrate_main
+    from .measurement.calibrate import main as calibrate_main
 
     argv = ["--quick"] if args.quick else []
     argv += ["--cores", str(args.cores)] if args.cores else []
@@ -180,17 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="costfuse", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compare fusion strategies on a zoo model")
-    demo.add_argument("--model", default="layernorm_mlp", choices=zoo.names())
+    demo.add_argument("--model", default="layernorm_mlp", type=_model_spec)
     demo.add_argument("--small", action="store_true", help="use the tiny test variant")
     demo.add_argument("--repeat", type=int, default=5, help="timed repeats (median reported)")
     demo.set_defaults(func=cmd_demo)
-    sub.add_parser("zoo", help="list the zoo models").set_defaults(func=cmd_zoo)
+    sub.add_parser("models", aliases=["zoo"], help="list the models loadable by name"
+                   ).set_defaults(func=cmd_models)
     graph = sub.add_parser("graph", help="print a model's op graph and FuseOps' groups")
-    graph.add_argument("model", choices=zoo.names())
+    graph.add_argument("model", type=_model_spec)
     graph.add_argument("--small", action="store_true")
     graph.set_defaults(func=cmd_graph)
     explain = sub.add_parser("explain", help="CostFuse's plan for a model, with reasons and costs")
-    explain.add_argument("model", choices=zoo.names())
+    explain.add_argument("model", type=_model_spec)
     explain.add_argument("--target", default="host", choices=["host", "h100", "h200", "a100"])
     explain.add_argument("--small", action="store_true")
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -217,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     cmp.set_defaults(func=cmd_compare)
     tune = sub.add_parser("tune", help="measure candidate groups into tuning_logs/, retrain the "
                           "learned model, re-plan (resumable: recorded groups are not re-measured)")
-    tune.add_argument("model", choices=zoo.names())
+    tune.add_argument("model", type=_model_spec)
     tune.add_argument("--budget", type=int, default=32, help="candidate groups to measure")
     tune.add_argument("--small", action="store_true")
     tune.add_argument("--target", default="host", choices=["host", "h100", "h200", "a100"],

@@ -15,7 +15,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .passes import build_pipeline
+from .pipelines import scheduled_pipeline
 from .rules import RulesFuse
 from .transform import CostFuse
 
@@ -57,15 +57,10 @@ def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None,
     ``fusion``: a pass to stand in the fusion slot instead of the strategy's own (e.g.
     ``ApplyPartition`` of a plan made beforehand, so what is built is what was reported).
     """
-    from .schedules import schedule_pass
-    from .schedules.cuda import cuda_pipeline
-
     target = tvm.target.Target(target)
     strategy, variant = split_strategy(strategy)
     config = {**variant, **config}
     if strategy == "stock":
         return relax.get_default_pipeline(target)
     fusion = fusion or fusion_pass(strategy, cost_target or target, **config)
-    if target.kind.name == "cuda":
-        return cuda_pipeline(target, fusion)
-    return build_pipeline(target, fusion, schedule_pass(target))
+    return scheduled_pipeline(target, fusion)

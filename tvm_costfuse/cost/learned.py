@@ -274,7 +274,7 @@ def _stale(work_dir: Path) -> str | None:
 
 def _architecture(model: str) -> str:
     """``bert_layer@small`` -> ``bert_layer``; every ``synth-<seed>`` program -> ``synth``."""
-    from ..synthetic import PREFIX, is_synthetic
+    from ..models.synthetic import PREFIX, is_synthetic
 
     return PREFIX.rstrip("-") if is_synthetic(model) else model.split("@")[0]
 
@@ -308,7 +308,7 @@ def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS) -> 
 
 def _target_work_dir(target) -> Path:
     """tuning_logs/<kind>-<arch>/groups for a TargetDesc: the database's default folder."""
-    from ..database import default_work_dir
+    from ..tuning.database import default_work_dir
 
     return default_work_dir(target.tvm_target())
 
@@ -327,8 +327,8 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     synthetic programs (0.74-0.81 against 0.81 without) and left it below the analytical
     model on the zoo (sessions 3-4, shallow trees answering everywhere; docs/benchmarks.md).
     """
-    from ..database import GroupDatabase
-    from ..synthetic import is_synthetic
+    from ..tuning.database import GroupDatabase
+    from ..models.synthetic import is_synthetic
     from ..targets import host
 
     target = target or host()

@@ -93,7 +93,7 @@ def load_measured(target, work_dir: str | Path | None = None) -> MeasuredModel:
     """The measured model for ``target`` (a TargetDesc) from ``work_dir`` (default
     ``tuning_logs/<kind>-<arch>/groups``). With no measurements there, every query is
     answered analytically, and a warning says so."""
-    from ..database import GroupDatabase
+    from ..tuning.database import GroupDatabase
     from .learned import _target_work_dir
 
     work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)

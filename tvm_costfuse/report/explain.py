@@ -14,15 +14,16 @@ from collections.abc import Sequence
 
 import tvm
 
-from .config import FusionConfig, register_config_keys
-from .cost.features import group_features, op_class
-from .graph import OpGraph, build_graph
-from .partition import fuseops_groups, resolve_groups
-from .passes import prepare
-from .planner import initial_units, plan_cost
-from .rules import rules_groups
-from .targets import TargetDesc, preset
-from .transform import plan_module
+from .. import models
+from ..config import FusionConfig, register_config_keys
+from ..cost.features import group_features, op_class
+from ..graph import OpGraph, build_graph
+from ..partition import fuseops_groups, resolve_groups
+from ..pipelines import prepare
+from ..planner import initial_units, plan_cost
+from ..rules import rules_groups
+from ..targets import TargetDesc, preset
+from ..transform import plan_module
 
 
 def _target(target: str | TargetDesc) -> TargetDesc:
@@ -121,9 +122,7 @@ def explain(
     register_config_keys()
     name = model if isinstance(model, str) else "<module>"
     if isinstance(model, str):
-        from . import zoo  # builds nn modules; only needed for names
-
-        model, _ = zoo.load(model, small=small)
+        model, _ = models.load(model, small=small)
     mod = prepare(model)
     desc = _target(target)
     cfg = FusionConfig.resolve(**config)

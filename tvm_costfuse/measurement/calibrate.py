@@ -35,13 +35,9 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.script import tirx as T
 
-from . import targets
+from .. import targets
 
-# TVM_COSTFUSE_CALIBRATION overrides the file; "none" makes host() use its documented defaults
-# (the test suite sets it, so results never depend on a calibration left on the machine).
-DEFAULT_PATH = Path(
-    os.environ.get("TVM_COSTFUSE_CALIBRATION", "~/.cache/tvm_costfuse/host_calibration.json")
-).expanduser()
+DEFAULT_PATH = targets.CALIBRATION_PATH
 
 # Bytes of each stream buffer: 256 MB (8x a 32 MB LLC) for the full run; quick mode uses 64 MB,
 # still 2x such an LLC counting input and output, to stay under ~10 s on 2 busy cores.
@@ -207,7 +203,7 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
     pool_default = int(os.environ.get("TVM_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
     cores = num_cores or len(os.sched_getaffinity(0))
     cpu = targets.host_cpu()
-    lanes = targets.host_vector_bits() // 32
+    lanes = targets.isa.vector_bits(targets.host_target()) // 32
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": cores})
     caches = targets.host_caches()
     plan = (5, 20) if quick else (15, 50)  # (repeats, min ms per repeat)
@@ -246,29 +242,8 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
     }
 
 
-def save(record: dict, path: str | os.PathLike | None = None) -> Path:
-    """Write a :func:`measure` record as JSON (default :data:`DEFAULT_PATH`)."""
-    path = Path(path).expanduser() if path else DEFAULT_PATH
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return path
-
-
-def load(path: str | os.PathLike | None = None) -> dict | None:
-    """The saved record when present and measured on this CPU (LLVM name and model); else None."""
-    path = Path(path).expanduser() if path else DEFAULT_PATH
-    if str(path) == "none" or not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if (
-        record.get("cpu") != targets.host_cpu()
-        or record.get("cpu_model") != targets.host_cpu_model()
-    ):
-        return None
-    return record
+save = targets.save_calibration
+load = targets.load_calibration
 
 
 def calibrate(
@@ -289,7 +264,7 @@ def calibrate(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m tvm_costfuse.calibrate [--quick] [--cores N] [--path FILE]``."""
+    """``python -m tvm_costfuse.measurement.calibrate [--quick] [--cores N] [--path FILE]``."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -19,7 +19,6 @@ learned model) is a failed cell carrying its error: the run never stops for one 
 from __future__ import annotations
 
 import csv
-import importlib
 import math
 import os
 import time
@@ -31,21 +30,21 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from . import zoo
-from .config import FusionConfig, register_config_keys
-from .cost.features import group_features
+from .. import models
+from ..config import FusionConfig, register_config_keys
+from ..cost.features import group_features
 from .explain import intermediate_bytes, kernels_of
-from .graph import OpGraph, build_graph
-from .measure import interleaved_medians, max_mismatch, run
-from .partition import ApplyPartition, fuseops_groups
-from .passes import prepare
-from .planner import plan_cost
-from .rules import rules_groups
-from .strategies import split_strategy, strategy_pipeline
-from .targets import TargetDesc, host, preset
-from .transform import plan_module
+from ..graph import OpGraph, build_graph
+from ..measurement.timing import interleaved_medians, max_mismatch, run
+from ..partition import ApplyPartition, fuseops_groups
+from ..pipelines import prepare
+from ..planner import plan_cost
+from ..rules import rules_groups
+from ..strategies import split_strategy, strategy_pipeline
+from ..targets import TargetDesc, host, preset
+from ..transform import plan_module
 
-__all__ = ["STRATEGIES", "TARGETS", "Cell", "compare", "load_model", "markdown_table"]
+__all__ = ["STRATEGIES", "TARGETS", "Cell", "compare", "markdown_table"]
 
 STRATEGIES = ("none", "tvm", "rules", "costfuse", "costfuse-xgb")
 TARGETS = ("llvm", "cuda")
@@ -100,30 +99,10 @@ _CSV_FIELDS = [f.name for f in fields(Cell) if f.name != "kernel_regs"]
 
 
 # ---------------------------------------------------------------------------------- inputs
-def load_model(spec: str, small: bool = False) -> tuple[str, tvm.IRModule, dict]:
-    """(display name, Relax module, example inputs) for a zoo name, an ONNX file path or a
-    ``package.module:function`` returning ``(torch.nn.Module, example_args)``."""
-    if spec in zoo.names():
-        mod, inputs = zoo.load(spec, small=small)
-        return spec, mod, inputs
-    if spec.endswith(".onnx") or os.path.isfile(spec):
-        mod, inputs = zoo.load_onnx(spec)
-        return Path(spec).stem, mod, inputs
-    if ":" in spec:
-        module_name, func_name = spec.split(":", 1)
-        module, args = getattr(importlib.import_module(module_name), func_name)()
-        mod, inputs = zoo.load_torch(module, tuple(args))
-        return func_name, mod, inputs
-    raise ValueError(
-        f"unknown model {spec!r}: a zoo name ({', '.join(zoo.names())}), an .onnx path or "
-        "module:function"
-    )
-
-
 def expand_models(models: Iterable[str]) -> list[str]:
     out: list[str] = []
     for m in models:
-        out += zoo.names() if m == "all" else [m]
+        out += models.names() if m == "all" else [m]
     return list(dict.fromkeys(out))
 
 
@@ -138,7 +117,7 @@ def _split(strategy: str) -> tuple[str, dict]:
 def _check_learned(desc: TargetDesc) -> None:
     """Raise unless a trained learned model exists for ``desc`` (no silent training here)."""
     try:
-        from .cost import learned
+        from ..cost import learned
     except ImportError as err:
         raise RuntimeError(f"tvm_costfuse.cost.learned is not available: {err}") from err
     meta = learned.model_path(desc).parent / learned.META_FILE
@@ -190,7 +169,7 @@ class _Target:
 
 
 def _targets(names: Sequence[str], gpu: str, measure_cuda: bool | None) -> list[_Target]:
-    from .schedules import host_target
+    from ..targets import host_target
 
     out = []
     for name in names:
@@ -221,8 +200,8 @@ def roofline(graph: OpGraph, desc: TargetDesc) -> tuple[float, int, float]:
 
 # ------------------------------------------------------------------------------ registers
 def _cuda_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
-    from .registers import find_nvcc, ptxas_report
-    from .schedules.cuda import cuda_source, kernel_sources
+    from ..measurement.registers import find_nvcc, ptxas_report
+    from ..measurement.cuda_source import cuda_source, kernel_sources
 
     kernels = list(kernel_sources(ex))
     if find_nvcc() is None:
@@ -237,7 +216,7 @@ def _cuda_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
 
 
 def _cpu_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
-    from .registers import cpu_spill_report
+    from ..measurement.registers import cpu_spill_report
 
     try:
         report = cpu_spill_report(ex)
@@ -259,7 +238,8 @@ def _error(err: BaseException) -> str:
 def _model_cells(spec: str, strategies: Sequence[str], targets: Sequence[_Target], small: bool,
                  repeat: int, tick: Callable[[str], None]) -> list[Cell]:
     try:
-        name, mod, inputs = load_model(spec, small)
+        name = models.display_name(spec)
+        mod, inputs = models.load(spec, small=small)
     except Exception as err:  # noqa: BLE001 -- a model that cannot load fails its cells
         msg = _error(err)
         for _ in range(len(strategies) * len(targets)):

@@ -26,8 +26,8 @@ from tvm import relax
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from . import passes
-from .passes import build_pipeline
+from .. import pipelines
+from ..pipelines import build_pipeline
 
 __all__ = ["default_work_dir", "fuse", "tune_model", "tuned_pipeline"]
 
@@ -64,7 +64,7 @@ def fuse(mod: tvm.IRModule, target: tvm.target.Target | str, fusion: str = "tvm"
 
     ``fusion`` is a strategy name of :mod:`tvm_costfuse.strategies` other than ``stock``.
     """
-    from .strategies import fusion_pass  # strategies import this package
+    from ..strategies import fusion_pass  # strategies import this package
 
     target = tvm.target.Target(target)
     return passes.fuse(mod, target, fusion_pass(fusion, target))
@@ -90,7 +90,7 @@ def tune_model(
         A model as the zoo gives it (high-level Relax, weights bound).
     target : Target or str
         Must carry ``num-cores`` (meta-schedule requires it for llvm); use
-        ``schedules.host_target()``.
+        ``targets.host_target()``.
     work_dir : str or Path, optional
         Where ``database_workload.json`` / ``database_tuning_record.json`` (and logs) go;
         defaults to :func:`default_work_dir`. Records accumulate across calls.
@@ -149,8 +149,8 @@ def tuned_pipeline(
     Order after fusion: ``FuseTIR`` -> ``MetaScheduleApplyDatabase(work_dir)`` (tuned workloads,
     marked ``tirx.is_scheduled``) -> our rules (skip scheduled PrimFuncs, schedule the rest).
     """
-    from .schedules import schedule_pass
-    from .strategies import fusion_pass  # strategies import this package
+    from ..schedules import schedule_pass
+    from ..strategies import fusion_pass  # strategies import this package
 
     target = tvm.target.Target(target)
     work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)

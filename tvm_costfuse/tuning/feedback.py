@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from .config import FusionConfig
-from .cost.features import FEATURE_NAMES, group_features
+from ..config import FusionConfig
+from ..cost.features import FEATURE_NAMES, group_features
 from .database import FAILED_RUN_SECS, GroupDatabase, default_work_dir, workload_hash
-from .graph import OpGraph, build_graph
-from .partition import apply_partition
-from .passes import prepare
-from .planner import plan_greedy
-from .targets import for_target
+from ..graph import OpGraph, build_graph
+from ..partition import apply_partition
+from ..pipelines import prepare
+from ..planner import plan_greedy
+from ..targets import for_target
 
 __all__ = ["MeasureConfig", "MeasureSummary", "build_and_profile_cuda", "candidate_groups",
            "group_kernel", "measure_model"]
@@ -100,7 +100,7 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
     (destination-passing style: inputs first, then outputs). ``marked``: ``prepared`` after
     ``mark_constant_weights``, when the caller asks for many groups of one model (marking
     copies the whole module)."""
-    from .schedules.prepack import mark_constant_weights  # schedules import this package
+    from ..schedules.prepack import mark_constant_weights  # schedules import this package
 
     members = list(members)
     calls = [n for n in members if graph[n].kind == "call_tir"]
@@ -124,11 +124,11 @@ def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     first that applies wins (as dlight's ApplyDefaultSchedule); (func, empty trace) when none
     applies."""
     if target.kind.name == "cuda":
-        from .schedules.cuda import GuardedRule, gpu_rules
+        from ..schedules.cuda import GuardedRule, gpu_rules
 
         candidates = [GuardedRule(r) for r in gpu_rules()]
     else:
-        from .schedules import rules  # schedules import this package
+        from ..schedules import rules  # schedules import this package
 
         candidates = rules()
     for rule in candidates:
@@ -157,7 +157,7 @@ def _compile_kernel(func_json: str, target_json: dict, n_out: int):
     from tvm import relax as _relax
     from tvm.s_tir import meta_schedule as _ms
 
-    from tvm_costfuse.passes import build_pipeline
+    from tvm_costfuse.pipelines import build_pipeline
 
     func = _tvm.ir.load_json(func_json)
     try:
@@ -175,16 +175,12 @@ def _compile_kernel(func_json: str, target_json: dict, n_out: int):
                            for _ in range(calls)]
                 bb.emit_func_output(results[0] if calls == 1 else _relax.Tuple(results))
         target = _tvm.target.Target(target_json)
-        if target.kind.name != "cuda":
-            return _tvm.compile(bb.get(), target, relax_pipeline=build_pipeline(target)), func
-        from tvm_costfuse.schedules.cuda import cuda_pipeline
-
-        # TVM's CUDA pipeline, fusing nothing; the kernel is scheduled already (dlight skips
-        # a PrimFunc marked so).
         mod = bb.get()
-        mod["kernel"] = mod["kernel"].with_attr("tirx.is_scheduled", True)
-        no_fusion = _tvm.transform.Sequential([], name="NoFusion")
-        return _tvm.compile(mod, target, relax_pipeline=cuda_pipeline(target, no_fusion)), func
+        if target.kind.name == "cuda":
+            # The kernel is scheduled already: the pipeline's dlight rules skip it so marked.
+            mod["kernel"] = mod["kernel"].with_attr("tirx.is_scheduled", True)
+        # Fusing nothing, and on llvm no schedule pass either: the kernel comes scheduled.
+        return _tvm.compile(mod, target, relax_pipeline=build_pipeline(target)), func
     except Exception as err:  # noqa: BLE001 -- any build error is a measured outcome
         raise RuntimeError(f"build: {type(err).__name__}: {err}") from None
 
@@ -281,8 +277,8 @@ def build_and_profile_cuda(func_json: str, target_json: dict, number: int, repea
     import tvm as _tvm
     from tvm import relax as _relax
 
-    from tvm_costfuse.registers import ptxas_report
-    from tvm_costfuse.schedules.cuda import cuda_source
+    from tvm_costfuse.measurement.registers import ptxas_report
+    from tvm_costfuse.measurement.cuda_source import cuda_source
 
     ex, func = _compile_kernel(func_json, target_json, n_out)
     arch = str(_tvm.target.Target(target_json).attrs.get("arch", "sm_90"))
@@ -383,7 +379,7 @@ def measure_model(
     mod : IRModule
         The model (zoo form), or the module after ``passes.prepare`` with ``prepared=True``.
     target : Target
-        LLVM target with ``mcpu`` and ``num-cores`` (``schedules.host_target()``), or a CUDA
+        LLVM target with ``mcpu`` and ``num-cores`` (``targets.host_target()``), or a CUDA
         target (``TargetDesc.tvm_target()`` of a GPU preset).
     work_dir : str or Path, optional
         GroupDatabase folder; default ``database.default_work_dir(target)``.
@@ -412,7 +408,7 @@ def measure_model(
     start = time.perf_counter()
     prep = mod if prepared else prepare(mod, target)
     graph = build_graph(prep)
-    from .schedules.prepack import mark_constant_weights  # schedules import this package
+    from ..schedules.prepack import mark_constant_weights  # schedules import this package
 
     marked = mark_constant_weights(prep)
     target_desc = target_desc or for_target(target)

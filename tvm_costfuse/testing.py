@@ -1,10 +1,12 @@
-"""Synthetic OpGraphs: plain data, so planner tests and timings need no TVM build."""
+"""Test helpers: synthetic OpGraphs as plain data, so planner tests and timings need no TVM
+build (the planner tests, the planning-speed benchmark and the greedy-vs-exact script share
+them)."""
 
 from __future__ import annotations
 
 import random
 
-from tvm_costfuse.graph import Node, OpGraph, OpPattern, TensorInfo
+from .graph import Node, OpGraph, OpPattern, TensorInfo
 
 _KINDS = [
     # (pattern, flops per output element, reduction extent, name)

@@ -153,7 +153,7 @@ def ptxas_report(
     Parameters
     ----------
     cuda_source : str
-        A whole translation unit, e.g. ``schedules.cuda.cuda_source(ex)``.
+        A whole translation unit, e.g. ``cuda_source.cuda_source(ex)``.
     arch : str
         ``sm_XX`` to compile for.
     strip_launch_bounds : bool
@@ -352,13 +352,14 @@ def cuda_register_report(
     list of KernelRow
         One per kernel, in the order TVM emitted them.
     """
-    from tvm_costfuse.schedules import cuda
+    from . import cuda_source as cuda
+    from ..targets import cuda_target
 
     if isinstance(mod_or_name, str):
-        from tvm_costfuse import zoo
+        from .. import models
 
-        mod_or_name, _ = zoo.load(mod_or_name, small=small)
-    ex = cuda.compile_cuda(mod_or_name, cuda.cuda_target(arch), fusion_pass)
+        mod_or_name, _ = models.load(mod_or_name, small=small)
+    ex = cuda.compile_cuda(mod_or_name, cuda_target(arch), fusion_pass)
     src = cuda.cuda_source(ex)
     report = ptxas_report(src, arch)
     threads = {name: int(n) for n, name in _LAUNCH.findall(src)}

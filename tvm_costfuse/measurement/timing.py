@@ -15,7 +15,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .passes import build_pipeline
+from ..pipelines import build_pipeline
 
 
 def build(

@@ -2,7 +2,7 @@
 
 Why: leave-one-architecture-out over the ten zoo models showed that what XGBoost learns from
 nine architectures' kernels does not carry to the tenth better than the analytical terms do
-(docs/benchmarks.md, issue 5). Ten architectures are few examples of "a model". Random programs
+(docs/benchmarks.md). Ten architectures are few examples of "a model". Random programs
 built from the zoo's op vocabulary -- linear layers with prologues and epilogues, norms spelled
 out and as single ops, softmax whole and in pieces, attention heads, transposes, elementwise
 math, per-channel affines, conv + batch norm + activation (dense and depthwise), residual
@@ -10,7 +10,7 @@ fan-in -- at random sizes test both models on programs no zoo architecture resem
 were meant as extra training data, but training on them made held-out decisions worse, so
 ``cost.learned.train`` leaves them out by default and the evaluation scores on them instead.
 
-A program is named ``synth-<seed>``; :func:`tvm_costfuse.zoo.load` resolves such names (same
+A program is named ``synth-<seed>``; :func:`tvm_costfuse.models.load` resolves such names (same
 seed, same program and weights), so measurement, ``refeature`` and the planner take them like
 any zoo model. Shapes are drawn per program (from tiny to BERT-base sized); ``small`` does not
 apply.
@@ -19,8 +19,12 @@ apply.
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
+
+from .blocks import ConvBNAct, RMSNormExplicit, attention_core, emit, merge_heads, split_heads
+from .export import Spec, export
 
 __all__ = ["PREFIX", "is_synthetic", "program", "seed_of"]
 
@@ -65,11 +69,9 @@ class _SoftmaxExplicit(nn.Module):
     """softmax spelled out: max, subtract, exp, sum, divide (two reductions, three epilogues)."""
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
-        from .zoo import _emit
-
-        m = _emit(relax.op.max(x._expr, axis=-1, keepdims=True), "rowmax")
+        m = emit(relax.op.max(x._expr, axis=-1, keepdims=True), "rowmax")
         e = nn.op.exp(x - m)
-        s = _emit(relax.op.sum(e._expr, axis=-1, keepdims=True), "rowsum")
+        s = emit(relax.op.sum(e._expr, axis=-1, keepdims=True), "rowsum")
         return e / s
 
 
@@ -81,10 +83,8 @@ class _Heads(nn.Module):
         self.heads = heads
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
-        from .zoo import _attention_core, _merge_heads, _split_heads
-
-        h = _split_heads(x, self.heads)
-        return _merge_heads(_attention_core(h, h, h))
+        h = split_heads(x, self.heads)
+        return merge_heads(attention_core(h, h, h))
 
 
 class _Program(nn.Module):
@@ -123,7 +123,6 @@ class _Program(nn.Module):
 
 def _seq_steps(rng: np.random.Generator) -> tuple[list[tuple], list, tuple[int, ...]]:
     """Steps over (1, S, H) tensors."""
-    from .zoo import RMSNormExplicit
 
     seq = int(rng.choice([16, 32, 64, 128, 256]))
     hidden = int(rng.choice([32, 64, 128, 256, 512, 768]))
@@ -175,7 +174,6 @@ def _seq_steps(rng: np.random.Generator) -> tuple[list[tuple], list, tuple[int, 
 
 def _conv_steps(rng: np.random.Generator) -> tuple[list[tuple], list, tuple[int, ...]]:
     """Steps over (1, C, W, W) tensors."""
-    from .zoo import ConvBNAct
 
     channels = int(rng.choice([8, 16, 32, 64]))
     width = int(rng.choice([8, 14, 28, 56]))
@@ -220,3 +218,8 @@ def program(name: str) -> tuple[nn.Module, dict[str, tuple[int, ...]]]:
     rng = np.random.default_rng(seed)
     steps, layers, shape = (_seq_steps if seed % 2 == 0 else _conv_steps)(rng)
     return _Program(steps, layers), {"x": shape}
+
+
+def load(name: str) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+    """The program ``synth-<seed>`` as (IRModule, {input name: array}), like the zoo's."""
+    return export(name, Spec(*program(name)))

@@ -1,0 +1,89 @@
+"""Models: every workload CostFuse compiles, resolved by name through one registry.
+
+- ``zoo``       -- ten hand-written ``relax.frontend.nn`` workloads (the unit-test substrate);
+- ``synthetic`` -- random programs over the zoo's op vocabulary, named ``synth-<seed>``;
+- ``blocks``    -- the building blocks both share; ``export``: nn module -> bound IRModule;
+- ``frontends`` -- PyTorch (``torch.export``) and ONNX importers (optional extras).
+
+:func:`load` takes a zoo name, ``synth-<seed>``, an ``.onnx`` file, a ``torch.export`` archive
+(``.pt2``) or ``package.module:function`` returning ``(torch.nn.Module, example_args)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from . import synthetic, zoo
+from .frontends import load_exported, load_onnx, load_torch
+
+__all__ = [
+    "display_name",
+    "load",
+    "load_exported",
+    "load_onnx",
+    "load_torch",
+    "load_variant",
+    "names",
+    "variant_name",
+]
+
+
+def names() -> list[str]:
+    """Every model name :func:`load` accepts without a path, in a stable order."""
+    return zoo.names()
+
+
+def _is_file(spec: str) -> bool:
+    return spec.endswith((".onnx", ".pt2")) or os.path.isfile(spec)
+
+
+def display_name(spec: str) -> str:
+    """How reports name a model: its registry name, a file's stem, or the function's name."""
+    if spec in zoo.names() or synthetic.is_synthetic(spec):
+        return spec
+    if _is_file(spec):
+        return Path(spec).stem
+    return spec.split(":", 1)[-1]
+
+
+def load(spec: str, *, small: bool = False) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+    """(IRModule with only ``main``, weights bound as constants; {input name: array}).
+
+    ``small`` picks a registry model's test variant; it does not apply to files or to
+    synthetic programs, which draw their own sizes.
+    """
+    if spec in zoo.names():
+        return zoo.load(spec, small=small)
+    if synthetic.is_synthetic(spec):
+        if small:
+            raise ValueError(f"{spec}: synthetic programs draw their own sizes; small=True "
+                             "does not apply")
+        return synthetic.load(spec)
+    if _is_file(spec):
+        if not os.path.isfile(spec):
+            raise ValueError(f"model file {spec!r} does not exist")
+        return load_exported(spec) if spec.endswith(".pt2") else load_onnx(spec)
+    if ":" in spec:
+        module_name, func_name = spec.split(":", 1)
+        module, args = getattr(importlib.import_module(module_name), func_name)()
+        return load_torch(module, tuple(args))
+    raise ValueError(
+        f"unknown model {spec!r}: a name ({', '.join(names())}), {synthetic.PREFIX}<seed>, "
+        "an .onnx or .pt2 path, or package.module:function"
+    )
+
+
+def variant_name(name: str, small: bool) -> str:
+    """How measurement records name a model variant: ``bert_layer``, ``bert_layer@small``."""
+    return f"{name}@small" if small else name
+
+
+def load_variant(model: str) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+    """:func:`load` for a name written by :func:`variant_name` (as stored in the databases)."""
+    name, _, size = model.partition("@")
+    return load(name, small=size == "small")

@@ -1,0 +1,90 @@
+"""Frontends: PyTorch (``torch.export``) and ONNX models as Relax IRModules (optional extras).
+
+Weights are bound as constants, as the zoo's are, so fusion and constant folding see them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+
+from .export import as_main, seeded_rng
+
+__all__ = ["load_exported", "load_onnx", "load_torch"]
+
+
+def load_torch(module, args: tuple) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+    """Import a ``torch.nn.Module`` via ``torch.export`` with its weights bound as constants.
+
+    The example inputs are ``args`` converted to numpy, keyed by the Relax parameter names.
+    ``module`` is switched to eval mode first (dropout/batch-norm must be in inference form).
+    """
+    try:
+        import torch
+        from tvm.relax.frontend.torch import from_exported_program
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "load_torch needs PyTorch: pip install 'tvm_costfuse[torch]' (torch==2.13.0)"
+        ) from err
+    args = tuple(args)
+    with torch.no_grad():
+        ep = torch.export.export(module.eval(), args)
+    # keep_params_as_input=False (the default) binds the weights as constants.
+    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    mod = as_main(mod, "main")
+    return mod, _inputs_for(mod, args)
+
+
+def _inputs_for(mod: tvm.IRModule, args) -> dict[str, np.ndarray]:
+    """The torch example ``args`` as numpy arrays keyed by the imported main's parameters."""
+    arrays = [a.detach().cpu().numpy() for a in args]
+    params = mod["main"].params
+    if len(params) != len(arrays):
+        raise ValueError(f"expected {len(arrays)} inputs in the imported main, got {len(params)}")
+    return {p.name: a for p, a in zip(params, arrays, strict=True)}
+
+
+def _example_input(ty, rng: np.random.Generator) -> np.ndarray:
+    """A random tensor for a Relax parameter type; symbolic dims (batch) become 1."""
+    shape = tuple(int(s) if isinstance(s, tvm.tirx.IntImm) else 1 for s in ty.shape.values)
+    dtype = str(ty.dtype)
+    if dtype.startswith("float"):
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    return rng.integers(0, 8, shape).astype(dtype)
+
+
+def load_onnx(path: str) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+    """Import an ONNX file (initializers bound as constants) with seeded random example inputs."""
+    try:
+        import onnx
+        from tvm.relax.frontend import onnx as relax_onnx
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("load_onnx needs onnx: pip install 'tvm_costfuse[onnx]'") from err
+    model = onnx.load(str(path))
+    mod = as_main(relax_onnx.from_onnx(model, keep_params_in_input=False), "main")
+    rng = seeded_rng(str(model.graph.name or path))
+    return mod, {p.name: _example_input(p.ty, rng) for p in mod["main"].params}
+
+
+def load_exported(path: str) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+    """Import a ``torch.export`` archive (``torch.export.save``, ``.pt2``).
+
+    The archive carries the example inputs it was exported with
+    (``ExportedProgram.example_inputs``); they become the inputs, keyed by parameter name.
+    """
+    try:
+        import torch
+        from tvm.relax.frontend.torch import from_exported_program
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "load_exported needs PyTorch: pip install 'tvm_costfuse[torch]' (torch==2.13.0)"
+        ) from err
+    ep = torch.export.load(str(path))
+    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    mod = as_main(mod, "main")
+    if ep.example_inputs is None:
+        raise ValueError(f"{path}: the archive holds no example inputs to run it with")
+    args, _ = ep.example_inputs
+    return mod, _inputs_for(mod, args)

@@ -1,0 +1,149 @@
+"""Every pipeline CostFuse builds: TVM's backend pass sequence with the fusion step swappable.
+
+TVM's backends run library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldConstant,
+**FuseOps**, FuseTIR, (on CUDA: dlight's ApplyDefaultSchedule,) dataflow lowering, finalize.
+:func:`build_pipeline` keeps every step, puts a given fusion pass in FuseOps' place and a given
+schedule pass after FuseTIR; it is the one place that chooses between the CPU and the CUDA
+backend. :func:`prepare` runs exactly what TVM runs before FuseOps, so the OpGraph that plans
+fusion sees the module FuseOps would see.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as _cpu_backend
+from tvm.relax.backend.cuda import pipeline as _cuda_backend
+
+from .schedules import cuda as cuda_schedules
+from .schedules import schedule_pass as cpu_schedule_pass
+from .transform import CostFuse
+
+_FUSION_STEPS = ("FuseOps", "FuseTIR")
+
+
+def _backend(target: tvm.target.Target):
+    kind = target.kind.name
+    if kind == "llvm":
+        return _cpu_backend
+    if kind == "cuda":
+        return _cuda_backend
+    raise ValueError(f"CostFuse supports llvm and cuda targets, not {kind!r}")
+
+
+def pre_fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """What TVM runs before FuseOps: library dispatch, LegalizeOps, AnnotateTIROpPattern,
+    FoldConstant (FoldConstant folds constant weight transposes, which FuseOps never sees)."""
+    backend = _backend(target)
+    passes = []
+    for p in backend.legalize_passes(target):
+        if p.info.name in _FUSION_STEPS:
+            break
+        passes.append(p)
+    return backend.library_dispatch_passes(target) + passes
+
+
+def prepare(mod: tvm.IRModule, target: tvm.target.Target | str = "llvm") -> tvm.IRModule:
+    """Run the pre-fusion passes: the module FuseOps (or CostFuse) takes as input."""
+    target = tvm.target.Target(target)
+    with target:
+        return tvm.transform.Sequential(pre_fusion_passes(target))(mod)
+
+
+def fuse(mod: tvm.IRModule, target, fusion: tvm.transform.Pass) -> tvm.IRModule:
+    """The module a schedule pass sees: pre-fusion passes, ``fusion``, ``FuseTIR``."""
+    target = tvm.target.Target(target)
+    mod = prepare(mod, target)
+    with target:
+        return tvm.transform.Sequential([fusion, relax.transform.FuseTIR()])(mod)
+
+
+def default_schedule(target: tvm.target.Target) -> tvm.transform.Pass:
+    """Our schedules for ``target``: the LLVM-CPU rules, or dlight's GPU rules guarded."""
+    if target.kind.name == "cuda":
+        return cuda_schedules.schedule_pass(target)
+    _backend(target)
+    return cpu_schedule_pass(target)
+
+
+def build_pipeline(
+    target: tvm.target.Target | str,
+    fusion: tvm.transform.Pass | None = None,
+    schedule: tvm.transform.Pass | None = None,
+) -> tvm.transform.Pass:
+    """TVM's pipeline for ``target`` with ``fusion`` in FuseOps' place (None: fuse nothing) and
+    ``schedule`` right after FuseTIR.
+
+    On llvm ``schedule=None`` leaves the kernels unscheduled; a CUDA kernel cannot build
+    without thread bindings, so there it means :func:`default_schedule`. The pass list is
+    taken from TVM's backend module and edited by pass name, so it follows TVM.
+    """
+    target = tvm.target.Target(target)
+    backend = _backend(target)
+    if schedule is None and target.kind.name == "cuda":
+        schedule = default_schedule(target)
+    legalize = backend.legalize_passes(target)
+    names = [p.info.name for p in legalize]
+    if "FuseOps" not in names or "FuseTIR" not in names:
+        # TVM changed its pipeline: fail loudly instead of silently not fusing.
+        raise RuntimeError(f"TVM's {target.kind.name} legalize_passes no longer contain "
+                           "FuseOps and FuseTIR")
+    passes = list(backend.library_dispatch_passes(target))
+    for p in legalize:
+        name = p.info.name
+        if name == "FuseOps":
+            passes += [fusion] if fusion is not None else []
+        elif name == "ApplyDefaultSchedule":
+            continue  # CUDA's dlight step: ``schedule`` takes its place after FuseTIR
+        else:
+            passes.append(p)
+        if name == "FuseTIR" and schedule is not None:
+            passes.append(schedule)
+    passes += backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="CostFuseBuildPipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
+
+
+def scheduled_pipeline(target: tvm.target.Target | str,
+                       fusion: tvm.transform.Pass | None) -> tvm.transform.Pass:
+    """:func:`build_pipeline` with our schedules (:func:`default_schedule`)."""
+    target = tvm.target.Target(target)
+    return build_pipeline(target, fusion, default_schedule(target))
+
+
+def pipeline(target: tvm.target.Target | str | None = None, **config) -> tvm.transform.Pass:
+    """TVM's pipeline for ``target`` with CostFuse in FuseOps' place and our schedules after
+    FuseTIR: LLVM-CPU rules on llvm, dlight's GPU rules on cuda.
+
+    Use as ``tvm.compile(mod, target, relax_pipeline=tvm_costfuse.pipeline(target))``.
+    ``config`` takes CostFuse's arguments (``max_chain_length=...``); PassContext
+    ``costfuse.*`` keys apply to what is not given. With no target, the pipeline reads
+    ``Target.current()`` when it runs (as the named pipeline ``"costfuse"`` does).
+    """
+    def make(t: tvm.target.Target) -> tvm.transform.Pass:
+        return scheduled_pipeline(t, CostFuse(target=t, **config))
+
+    if target is not None:
+        return make(tvm.target.Target(target))
+
+    @tvm.transform.module_pass(opt_level=0, name="CostFusePipeline")
+    def _deferred(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        current = tvm.target.Target.current()
+        if current is None:
+            raise ValueError("the costfuse pipeline needs a target: call it under `with target`")
+        return make(current)(mod)
+
+    return _deferred
+
+
+def register_named_pipeline() -> None:
+    """Register ``"costfuse"`` with ``relax.get_pipeline`` (idempotent)."""
+    from tvm.relax.pipeline import PIPELINE_MAP
+
+    if "costfuse" not in PIPELINE_MAP:
+        relax.pipeline.register_pipeline("costfuse")(pipeline)

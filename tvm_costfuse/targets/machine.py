@@ -1,0 +1,216 @@
+"""The host CPU's description: caches from ``/sys``, ISA from LLVM, cores from the affinity
+mask and, when present, a calibration record measured on this CPU by
+:mod:`tvm_costfuse.measurement.calibrate` (the file is read and written here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import tvm
+
+from . import isa
+from .desc import CPU, KiB, MiB, TargetDesc
+
+# TVM_COSTFUSE_CALIBRATION overrides the file; "none" makes host() use its documented defaults
+# (the test suite sets it, so results never depend on a calibration left on the machine).
+CALIBRATION_PATH = Path(
+    os.environ.get("TVM_COSTFUSE_CALIBRATION", "~/.cache/tvm_costfuse/host_calibration.json")
+).expanduser()
+
+_SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+# Documented fallbacks when neither sysfs nor lscpu report a cache: small, common x86 sizes.
+_DEFAULT_CACHES = {"l1_bytes": 32 * KiB, "l2_bytes": 512 * KiB, "l3_bytes": 8 * MiB}
+# Conservative figures when no calibration matches this CPU: per core, a shared VM's share of
+# DRAM bandwidth, one vector FMA per cycle at an effective 1 GHz under load, and the cost of
+# a Relax VM call_tir with thread-pool fork/join (measured 6-11 us on a busy 2-vCPU Zen 4; the
+# upper end, since under-counting launches under-rates fusion). `calibrate` replaces them.
+_DEFAULT_DRAM_BW_PER_CORE = 4e9
+_DEFAULT_EFFECTIVE_HZ = 1e9
+_DEFAULT_LAUNCH_S = 1e-5
+# A serial call_tir costs the VM's dispatch alone: calibrate measured 0.14 us on a quiet
+# 2-vCPU Zen 4 (against 6.3 us for a parallel one); rounded up.
+_DEFAULT_LAUNCH_SERIAL_S = 2e-7
+
+
+def host_cpu() -> str:
+    """LLVM's name for this CPU (``mcpu="native"`` silently means generic SSE2 in TVM 0.27)."""
+    return str(tvm.target.codegen.llvm_get_system_cpu())
+
+
+def host_cpu_model() -> str:
+    """The ``model name`` line of /proc/cpuinfo ("" when absent)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def host_target(num_cores: int | None = None) -> tvm.target.Target:
+    """LLVM target for this machine's CPU, with its real ISA.
+
+    ``mcpu="native"`` silently becomes generic SSE2 in TVM 0.27, and string targets with flags
+    are rejected, hence the dict form with the name LLVM detects.
+
+    Parameters
+    ----------
+    num_cores : int, optional
+        Threads the kernels may use; defaults to the cores this process may run on.
+    """
+    n = num_cores if num_cores is not None else len(os.sched_getaffinity(0))
+    return tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": int(n)})
+
+
+def _parse_size(text: str) -> int:
+    """'32K', '1024K', '32 MiB', '64 KiB (2 instances)' -> bytes."""
+    m = re.match(r"\s*([\d.]+)\s*([KMG]?)", text)
+    if not m:
+        raise ValueError(f"cannot parse cache size {text!r}")
+    return int(float(m.group(1)) * {"": 1, "K": KiB, "M": MiB, "G": 1 << 30}[m.group(2)])
+
+
+def _sysfs_caches() -> dict[str, int]:
+    found = {}
+    for index in sorted(_SYSFS_CACHE.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = _parse_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction" and 1 <= level <= 3:
+            found[f"l{level}_bytes"] = size
+    return found
+
+
+def _lscpu_caches() -> dict[str, int]:
+    """lscpu prints totals over instances ("64 KiB (2 instances)"): divide L1/L2 per core."""
+    try:
+        out = subprocess.run(
+            ["lscpu"], check=False, capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found = {}
+    for key, name in (
+        ("L1d cache", "l1_bytes"),
+        ("L2 cache", "l2_bytes"),
+        ("L3 cache", "l3_bytes"),
+    ):
+        m = re.search(rf"^{key}:\s*(.+)$", out, re.MULTILINE)
+        if not m:
+            continue
+        size = _parse_size(m.group(1).replace("iB", "").replace("B", ""))
+        inst = re.search(r"\((\d+) instances?\)", m.group(1))
+        found[name] = size // int(inst.group(1)) if inst and name != "l3_bytes" else size
+    return found
+
+
+def host_caches() -> dict:
+    """Cache sizes of cpu0 (L1d, L2 per core; L3 shared) and where they came from."""
+    caches = _sysfs_caches()
+    source = "sysfs"
+    if len(caches) < 2:  # no L1/L2 in sysfs (containers, some VMs): ask lscpu, then defaults
+        caches = _lscpu_caches() | caches
+        source = "lscpu"
+        if len(caches) < 2:
+            caches = _DEFAULT_CACHES | caches
+            source = "default-caches"
+    caches.setdefault("l3_bytes", 0)
+    caches.setdefault("l2_bytes", _DEFAULT_CACHES["l2_bytes"])
+    caches.setdefault("l1_bytes", _DEFAULT_CACHES["l1_bytes"])
+    return caches | {"source": source}
+
+
+def _calibration_record(calibration) -> dict | None:
+    if calibration is False or calibration is None:
+        return None
+    if isinstance(calibration, Mapping):
+        return dict(calibration)
+    return load_calibration(None if calibration is True else calibration)
+
+
+def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None) -> TargetDesc:
+    """This machine's CPU, or the CPU named ``mcpu`` in this machine's memory system.
+
+    ``calibration``: True reads the default calibration file, a path reads that file, a dict
+    is a :func:`tvm_costfuse.measurement.calibrate.measure` record, False uses the conservative defaults.
+    A record is used only when measured on this CPU with the same core count; its figures
+    replace the defaults and ``source`` says which were used ("sysfs+calibrated",
+    "sysfs+default", ...). ``mcpu`` (a cross-compiled LLVM target's CPU) takes its vector
+    width and registers from that CPU; a calibration of this host does not apply to it.
+    """
+    cores = num_cores or len(os.sched_getaffinity(0))
+    target = host_target(cores) if mcpu is None else tvm.target.Target(
+        {"kind": "llvm", "mcpu": mcpu, "num-cores": cores})
+    bits = isa.vector_bits(target)
+    lanes = bits // 32
+    caches = host_caches()
+    flops = cores * _DEFAULT_EFFECTIVE_HZ * lanes * 2
+    figures = {
+        "dram_bw": _DEFAULT_DRAM_BW_PER_CORE * cores,
+        "fp32_flops": flops,
+        "launch_s": _DEFAULT_LAUNCH_S,
+        "launch_s_serial": _DEFAULT_LAUNCH_SERIAL_S,
+        "l2_bw": None,
+        "l3_bw": None,
+    }
+    record = _calibration_record(calibration) if mcpu in (None, host_cpu()) else None
+    figure_source = "default"
+    if record and record.get("num_cores") == cores:
+        figures |= record["figures"]
+        figure_source = "calibrated"
+    fp32 = figures["fp32_flops"]
+    return TargetDesc(
+        name="host",
+        kind=CPU,
+        arch=mcpu or host_cpu(),
+        # No native FP16 arithmetic assumed: TVM's LLVM code widens half types to float32.
+        peak_flops={"float32": fp32, "float16": fp32, "bfloat16": fp32},
+        dram_bw=figures["dram_bw"],
+        l1_bytes=caches["l1_bytes"],
+        l2_bytes=caches["l2_bytes"],
+        l3_bytes=caches["l3_bytes"],
+        l1_bw=None,
+        l2_bw=figures["l2_bw"],
+        l3_bw=figures["l3_bw"],
+        launch_s=figures["launch_s"],
+        launch_s_graph=figures["launch_s"],
+        launch_s_serial=figures["launch_s_serial"],
+        cores=cores,
+        vector_bits=bits,
+        vector_regs=isa.vector_registers(target),
+        source=f"{caches['source']}+{figure_source}",
+    )
+
+
+
+
+def save_calibration(record: dict, path: str | os.PathLike | None = None) -> Path:
+    """Write a calibration record as JSON (default :data:`CALIBRATION_PATH`)."""
+    path = Path(path).expanduser() if path else CALIBRATION_PATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_calibration(path: str | os.PathLike | None = None) -> dict | None:
+    """The saved record when present and measured on this CPU (LLVM name and model); else None."""
+    path = Path(path).expanduser() if path else CALIBRATION_PATH
+    if str(path) == "none" or not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if record.get("cpu") != host_cpu() or record.get("cpu_model") != host_cpu_model():
+        return None
+    return record
