@@ -14,6 +14,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
+from .math_calls import CHEAP_CALLS, short_name
 from ..targets.isa import num_cores, vector_lanes, vector_registers
 
 __all__ = ["num_cores", "vector_lanes", "vector_registers"]  # re-exported for the rules
@@ -86,31 +87,14 @@ def expr_size(node) -> int:
     return count
 
 
-# Calls that cost about as much as an add; every other call (exp, erf, tanh, log, sqrt,
-# sigmoid...) is a libm routine costing tens of cycles per element.
-_CHEAP_CALLS = frozenset(
-    {
-        "prim.if_then_else",
-        "tirx.if_then_else",
-        "tirx.fabs",
-        "tirx.likely",
-        "tirx.floor",
-        "tirx.ceil",
-        "tirx.round",
-        "tirx.trunc",
-        "tirx.nearbyint",
-    }
-)
-
-
 def has_costly_call(node) -> bool:
-    """Whether ``node`` calls a transcendental (anything not in ``_CHEAP_CALLS``)."""
+    """Whether ``node`` calls a transcendental (anything not in ``math_calls.CHEAP_CALLS``)."""
     found = False
 
     def _visit(call):
         nonlocal found
         op = getattr(call, "op", None)
-        if op is not None and getattr(op, "name", "") not in _CHEAP_CALLS:
+        if op is not None and short_name(getattr(op, "name", "")) not in CHEAP_CALLS:
             found = True
 
     tvm_ffi.structural_walk(node, (tvm.ir.expr.Call, _visit), order="post")

@@ -13,6 +13,7 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
+from .classes import ScheduleClass
 from ._common import (
     MIN_PARALLEL_ITERS,
     PARALLEL_CHUNKS_PER_CORE,
@@ -132,7 +133,12 @@ def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) ->
 
 
 class SafeRule(CPUScheduleRule):
-    """Runs ``_apply`` on a fresh schedule; any error means "does not apply" (returns None)."""
+    """Runs ``_apply`` on a fresh schedule; any error means "does not apply" (returns None).
+
+    ``classes``: the schedule classes this rule's kernels are priced as (``classes.py``).
+    """
+
+    classes: tuple[ScheduleClass, ...] = ()
 
     def apply(self, func, target: Target, tunable: bool):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):

@@ -21,6 +21,7 @@ from ._common import (
     vector_registers,
     vector_tile,
 )
+from .classes import ScheduleClass
 from ._loops import SafeRule, loop_kinds, parallelize, schedule_rest
 from .prepack import pack_streamed_operand
 
@@ -113,6 +114,8 @@ class Contraction(SafeRule):
     are not inlined into the contraction, which reads each element many times: they stay one
     streamed, parallel, vectorized pass (a transpose so becomes a packing step).
     """
+
+    classes = (ScheduleClass.CONTRACTION, ScheduleClass.CONTRACTION_STREAM)
 
     def _apply(self, sch, target):
         if normalize_prim_func(sch) is None:

@@ -29,6 +29,7 @@ from ._common import (
     inline_spatial,
     root_blocks,
 )
+from .classes import ScheduleClass
 from ._loops import SafeRule, schedule_rest
 from .contraction import Contraction
 from .reduction import RowReduction
@@ -37,7 +38,13 @@ __all__ = ["Contraction", "Fallback", "RowReduction", "rules"]
 
 
 class Fallback(SafeRule):
-    """Always applies: inline spatial intermediates, then parallelize + vectorize each block."""
+    """Always applies: inline spatial intermediates, then parallelize + vectorize each block.
+
+    An all-spatial group gets one vectorized nest this way (``elementwise``); anything else
+    keeps its reductions and contractions as plain loop nests (``fallback``).
+    """
+
+    classes = (ScheduleClass.ELEMENTWISE, ScheduleClass.FALLBACK)
 
     def apply(self, func, target: Target, tunable: bool):
         sch = super().apply(func, target, tunable)

@@ -15,6 +15,7 @@ from ._common import (
     vector_lanes,
     vector_tile,
 )
+from .classes import ScheduleClass
 from ._loops import SafeRule, loop_kinds, parallelize
 
 
@@ -96,6 +97,8 @@ class RowReduction(SafeRule):
     is a multiple of the vector width are rfactored into one vector of partial results
     (:func:`_vector_rfactor`; sums reassociate, within float tolerance).
     """
+
+    classes = (ScheduleClass.REDUCTION,)
 
     def _apply(self, sch, target):
         if normalize_prim_func(sch) is None:

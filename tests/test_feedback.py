@@ -228,8 +228,8 @@ def test_untimed_cuda_groups_are_timed_once_a_gpu_is_there(tmp_path, monkeypatch
                                                    "kernels": 1}}
 
     def measure(model, result):
-        return measure_model(model, mod, target, tmp_path, MeasureConfig(isolate=False),
-                             groups=GROUPS, prepared=True, target_desc=desc,
+        return measure_model(model, mod, desc, tmp_path, MeasureConfig(isolate=False),
+                             groups=GROUPS, prepared=True,
                              runner_fn=lambda *_a, **_k: result)
 
     monkeypatch.setattr(feedback, "_gpu_present", lambda: False)

@@ -59,8 +59,8 @@ def test_unknown_function_is_rejected() -> None:
 
 def test_math_library_calls_are_counted_where_flops_see_none() -> None:
     """TVM's FLOP estimate gives exp, log, tanh, cos... no work at all; the graph counts them in
-    exp-equivalents (graph.MATH_COST), per element of the loop that calls them."""
-    from tvm_costfuse.graph import MATH_COST
+    exp-equivalents (schedules.math_calls.MATH_COST), per element of the loop that calls them."""
+    from tvm_costfuse.schedules.math_calls import MATH_COST
 
     graph = build_graph(prepared("elementwise_chain")[0])
     elems = math.prod(graph["cos"].outputs[0].shape)

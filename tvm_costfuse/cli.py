@@ -21,7 +21,7 @@ from .graph import build_graph
 from .measurement.timing import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
 from .pipelines import prepare
-from .targets import host_target
+from .targets import host_target, preset_names, resolve
 from .strategies import STRATEGIES, strategy_pipeline
 
 
@@ -124,7 +124,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .tuning.database import default_work_dir
     from .tuning.feedback import MeasureConfig, measure_model
     from .planner import plan_greedy
-    from .targets import for_target
     from .transform import plan_module
 
     try:
@@ -135,14 +134,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print("costfuse tune: --rpc-tracker times CPU kernels only; run a GPU target on the "
               "GPU machine itself", file=sys.stderr)
         return 2
-    if args.target == "host":
-        target = host_target()
-        desc = for_target(target)
-    else:  # a GPU preset: CUDA kernels, ptxas always, timed only where a GPU is present
-        from .targets import preset
-
-        desc = preset(args.target)
-        target = desc.tvm_target()
+    resolved = resolve(args.target)  # a GPU preset: CUDA kernels, ptxas always, timed on a GPU
+    target, desc = resolved.tvm, resolved.desc
     work_dir = args.work_dir or default_work_dir(target)
     mod, _ = models.load(args.model, small=args.small)
     model_name = models.variant_name(args.model, args.small)  # as the scripts record it
@@ -157,10 +150,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         else:
             print(line, flush=True)
 
-    summary = measure_model(model_name, prepared, target, work_dir,
+    summary = measure_model(model_name, prepared, resolved, work_dir,
                             MeasureConfig(repeat=args.repeat, rpc_tracker=args.rpc_tracker),
                             max_groups=args.budget,
-                            prepared=True, log=log, target_desc=desc)
+                            prepared=True, log=log)
     if bar is not None:
         bar.close()
     print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "
@@ -205,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     graph.set_defaults(func=cmd_graph)
     explain = sub.add_parser("explain", help="CostFuse's plan for a model, with reasons and costs")
     explain.add_argument("model", type=_model_spec)
-    explain.add_argument("--target", default="host", choices=["host", "h100", "h200", "a100"])
+    explain.add_argument("--target", default="host", choices=preset_names())
     explain.add_argument("--small", action="store_true")
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
     explain.add_argument("--plot", metavar="PNG", help="draw the fused graph to this file")
@@ -220,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                           "comma-separated or repeated")
     cmp.add_argument("--strategies", default="none,tvm,rules,costfuse,costfuse-xgb")
     cmp.add_argument("--targets", default="llvm", help="llvm and/or cuda (cuda: offline)")
-    cmp.add_argument("--gpu", default="h200", choices=["h100", "h200", "a100"],
+    cmp.add_argument("--gpu", default="h200", choices=[n for n in preset_names() if n != "host"],
                      help="description the cuda target is compiled and priced for")
     cmp.add_argument("--out", default="compare_results", help="output folder")
     cmp.add_argument("--small", action="store_true", help="the zoo's small shapes")
@@ -234,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("model", type=_model_spec)
     tune.add_argument("--budget", type=int, default=32, help="candidate groups to measure")
     tune.add_argument("--small", action="store_true")
-    tune.add_argument("--target", default="host", choices=["host", "h100", "h200", "a100"],
+    tune.add_argument("--target", default="host", choices=preset_names(),
                       help="host CPU (timed here), or a GPU preset (CUDA kernels: ptxas "
                            "registers and spills always, times where a GPU is present)")
     tune.add_argument("--repeat", type=int, default=3)

@@ -23,6 +23,8 @@ from enum import IntEnum
 import tvm
 from tvm import relax, s_tir
 
+from .schedules.math_calls import MATH_COST
+
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
@@ -81,7 +83,7 @@ class Node:
     # (TVM's RewriteDataflowReshape; no kernel, no copy).
     view: bool = False
     reshape_like: bool = False
-    math: float = 0.0  # exp, log, tanh, erf... per invocation, in exp-equivalents (MATH_COST)
+    math: float = 0.0  # exp, log, tanh, erf... per invocation, in exp-equivalents (``schedules.math_calls.MATH_COST``)
 
     @property
     def fusable(self) -> bool:
@@ -138,17 +140,6 @@ def _nbytes(infos) -> int:
     return sum(i.nbytes or 0 for i in infos)
 
 
-# Math library calls, weighted by their cost relative to exp. TVM's FLOP estimate counts them
-# as nothing, yet each costs many instructions where an add costs one: without them a sigmoid
-# looked like a copy to the cost models. Over 1M float32 elements on this host (single-op
-# kernels in tuning_logs/llvm-znver4/groups, machine-wide time per call): exp, sigmoid and silu
-# 2.0-2.3 ns, tanh 4.4, log 6.4, cos 6.9, gelu (erf and four multiply-adds) 4.9-7.8; an add
-# kernel's whole time is 0.2 ns per element. sqrt and fabs (one instruction each) cost what an
-# add does and are not counted.
-MATH_COST = {"exp": 1.0, "exp2": 1.0, "exp10": 1.0, "sigmoid": 1.0, "tanh": 2.0, "sinh": 2.0,
-             "cosh": 2.0, "erf": 3.0, "log": 3.0, "log2": 3.0, "log10": 3.0, "log1p": 3.0,
-             "asinh": 3.0, "acosh": 3.0, "atanh": 3.0, "sin": 3.5, "cos": 3.5, "tan": 3.5,
-             "asin": 3.5, "acos": 3.5, "atan": 3.5, "atan2": 3.5, "pow": 4.0, "fmod": 1.0}
 _CALL = re.compile(r"\bT\.([a-z0-9_]+)\(")
 
 

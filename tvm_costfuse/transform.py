@@ -18,7 +18,7 @@ from .config import FusionConfig, register_config_keys
 from .graph import build_graph
 from .partition import apply_partition, fuseops_groups
 from .planner import FusionPlan, plan_exact, plan_greedy
-from .targets import TargetDesc, for_target, preset, preset_names
+from .targets import Target, TargetDesc, preset, preset_names, resolve
 
 
 def _unmodelled(graph) -> set[str]:
@@ -92,21 +92,21 @@ class CostFuse:
         )
 
     def describe_target(self, config: FusionConfig) -> TargetDesc:
+        """The description plans are priced with: an explicit TargetDesc or preset name, else
+        ``costfuse.target_preset``, else the one :func:`targets.resolve` derives from the
+        target (``Target.current()`` when None)."""
         t = self.target
-        if isinstance(t, TargetDesc):
-            return t
-        if isinstance(t, str) and t.lower() in preset_names():
-            return preset(t)
+        if isinstance(t, (TargetDesc, Target)) or (
+                isinstance(t, str) and t.strip().lower() in preset_names()):
+            return resolve(t).desc
         if config.target_preset:
             return preset(config.target_preset)
-        if t is None:
-            t = tvm.target.Target.current()
-            if t is None:
-                raise ValueError(
-                    "CostFuse needs a target: pass target=..., set costfuse.target_preset, "
-                    "or run it under `with tvm.target.Target(...)`"
-                )
-        return for_target(tvm.target.Target(t))
+        if t is None and tvm.target.Target.current() is None:
+            raise ValueError(
+                "CostFuse needs a target: pass target=..., set costfuse.target_preset, "
+                "or run it under `with tvm.target.Target(...)`"
+            )
+        return resolve(t).desc
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         config = self.config()

@@ -20,18 +20,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..schedules._common import MIN_PARALLEL_FMAS, MIN_PARALLEL_ITERS
+from ..schedules.classes import ScheduleClass as SC
 from .features import GroupFeatures
 
 # Fraction of peak FP32 each schedule class reaches. CPU: register-blocked contractions reach
 # ~30% of peak without tuning; elementwise/reduction loops are bound by memory, their compute
 # runs at vector rate with transcendental calls (erf, exp ~20 instructions each).
 _EFF = {
-    "cpu": {"contraction": 0.30, "contraction+stream": 0.30, "reduction": 0.05,
-            "elementwise": 0.05, "fallback": 0.05},
+    "cpu": {SC.CONTRACTION: 0.30, SC.CONTRACTION_STREAM: 0.30, SC.REDUCTION: 0.05,
+            SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05},
     # dlight: SIMT matmul tiles reach ~50% of FP32 peak; others are memory bound.
-    "cuda": {"contraction": 0.50, "reduction": 0.10, "elementwise": 0.10, "fallback": 0.10},
+    "cuda": {SC.CONTRACTION: 0.50, SC.REDUCTION: 0.10, SC.ELEMENTWISE: 0.10, SC.FALLBACK: 0.10},
 }
-# Seconds one core spends on one exp-equivalent of math library work (``graph.MATH_COST``).
+# Seconds one core spends on one exp-equivalent of math library work (``schedules.math_calls.MATH_COST``).
 # CPU: exp over 1M float32 elements took 2.0-2.1 ms on this 2-core host (single-op kernels in
 # tuning_logs/llvm-znver4/groups): 4.06 ns per call per core. Kept in seconds, not FLOPs: a
 # calibrated FMA peak says nothing about libm. CUDA: not measured on a GPU; 0 leaves its
@@ -45,7 +46,7 @@ _NAIVE_CUDA_FRACTION = 0.02
 _OVERLAP = 0.8
 # Registers a CUDA thread needs per schedule class before counting live values (ptxas: dlight
 # matmul tiles use 64; elementwise chains 12-18; reductions grow ~1.2 per accumulator).
-_CUDA_BASE_REGS = {"contraction": 64, "reduction": 16, "elementwise": 10, "fallback": 24}
+_CUDA_BASE_REGS = {SC.CONTRACTION: 64, SC.REDUCTION: 16, SC.ELEMENTWISE: 10, SC.FALLBACK: 24}
 _CUDA_REGS_PER_LIVE = 2
 _CUDA_REGS_PER_ACC = 1.2
 # CPU vector registers a loop body needs: contraction register tiles take ~3/4 of the file.
@@ -79,7 +80,7 @@ def registers(f: GroupFeatures, target) -> tuple[int, int]:
         base = _CUDA_BASE_REGS[f.schedule_on("cuda")]
         need = base + _CUDA_REGS_PER_LIVE * f.live_values + _CUDA_REGS_PER_ACC * f.accumulators
         return int(need), max(0, int(need) - target.regs_per_thread)
-    contraction = f.schedule_on(target.kind).startswith("contraction")
+    contraction = f.schedule_on(target.kind) in (SC.CONTRACTION, SC.CONTRACTION_STREAM)
     tile = int(_CPU_TILE_FRACTION * target.vector_regs) if contraction else 0
     need = tile + f.live_values + f.accumulators
     return need, max(0, need - target.vector_regs)
@@ -128,11 +129,11 @@ def launch_seconds(f: GroupFeatures, target, schedule: str) -> float:
                    for w in _work(f))
     if not parallel:
         return serial
-    if schedule == "fallback":
+    if schedule == SC.FALLBACK:
         heavy = f.n_contractions + f.n_reductions
         nests = max(1, heavy + (1 if f.n_ops > heavy else 0))
     else:
-        nests = 2 if schedule == "contraction+stream" else 1
+        nests = 2 if schedule == SC.CONTRACTION_STREAM else 1
     return serial + nests * max(0.0, target.launch_s - serial)
 
 
@@ -155,7 +156,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     sizes = f.boundary_sizes or (f.bytes_in, f.bytes_out)
     memory = sum(seconds_to_move(s) for s in sizes)
     schedule = f.schedule_on(kind)
-    if schedule in ("fallback", "contraction+stream"):
+    if schedule in (SC.FALLBACK, SC.CONTRACTION_STREAM):
         # Intermediates materialize (written, then read): the fallback keeps every block; the
         # CPU contraction rule streams its prologue into a packed operand and leaves an
         # epilogue it cannot inline as its own pass.
@@ -166,15 +167,15 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
 
     peak = target.peak(f"float{8 * f.dtype_bytes}")
     eff = _EFF[kind][schedule]
-    if schedule == "fallback":
+    if schedule == SC.FALLBACK:
         contraction_rate = _NAIVE_CONTRACTION[kind] or peak * _NAIVE_CUDA_FRACTION
     else:
-        contraction_rate = peak * _EFF[kind]["contraction"]
+        contraction_rate = peak * _EFF[kind][SC.CONTRACTION]
     # Each op keeps its own loop's parallelism inside the kernel (fusing a scalar reduction
     # with a wide op does not parallelize the reduction).
     # An epilogue is computed in the contraction's register tile; a CPU prologue streams in its
     # own elementwise loop nest (old rows have no prologue flag: 3-tuples).
-    stream_eff = _EFF[kind]["elementwise"] if schedule == "contraction+stream" else eff
+    stream_eff = _EFF[kind][SC.ELEMENTWISE] if schedule == SC.CONTRACTION_STREAM else eff
     math_seconds = _MATH_CORE_SECONDS[kind] / max(1, target.cores)
     compute = sum(
         (w[1] / (contraction_rate if w[0] else peak * (stream_eff if w[3:4] == (True,) else eff))
@@ -182,7 +183,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
         / _parallel_efficiency(w[2], f.dtype_bytes, target)
         for w in _work(f)
     )
-    if schedule != "contraction+stream":  # a packed prologue is computed once, not per use
+    if schedule != SC.CONTRACTION_STREAM:  # a packed prologue is computed once, not per use
         compute += f.recompute_flops / (peak * eff) / _parallel_efficiency(
             f.out_elems, f.dtype_bytes, target)
 

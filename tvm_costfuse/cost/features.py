@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
+from ..schedules.classes import ScheduleClass as SC
 from ..graph import Node, OpGraph, OpPattern
 
 _log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class GroupFeatures:
     prologue_ops: int = 0  # members that feed a contraction inside the group
     reshaping_ops: int = 0  # data-movement members (transpose, reshape, split) outside a prologue
     window_reductions: int = 0  # pooling: overlapping windows, not one pass over an axis
-    math: float = 0.0  # exp, log, tanh, erf... in exp-equivalents (``graph.MATH_COST``)
+    math: float = 0.0  # exp, log, tanh, erf... in exp-equivalents (``schedules.math_calls.MATH_COST``)
     # Not part of the learned model's fixed-length vector: sizes of the tensors crossing the
     # boundary (where each is served from depends on its own size), extra tuple elements read
     # from multi-output members outside the prologue (a split fans one tensor out into
@@ -142,7 +143,7 @@ class GroupFeatures:
         return cls(**values)
 
     @property
-    def schedule(self) -> str:
+    def schedule(self) -> SC:
         """Which schedule class the group lands in (CPU rules and dlight alike): one
         contraction with spatial producers/epilogue, reductions with epilogues, elementwise,
         or the fallback that leaves contractions unblocked and intermediates materialized."""
@@ -151,17 +152,17 @@ class GroupFeatures:
                 # Row-reduction rules schedule reductions over an axis; a pooling window
                 # fused with other ops falls back (measured: resnet18 with maxpool fused into
                 # BN + ReLU ran 1.25x slower on CPU).
-                return "fallback"
-            return "reduction" if self.n_reductions else "elementwise"
+                return SC.FALLBACK
+            return SC.REDUCTION if self.n_reductions else SC.ELEMENTWISE
         # Contraction rules (ours on CPU, dlight's Matmul on CUDA) take one contraction with an
         # elementwise epilogue; reshaping epilogues and prologues: see ``schedule_on``.
         if self.n_contractions == 1 and self.n_reductions == 0:
             if self.prologue_ops:
-                return "contraction+prologue"
-            return "contraction" if not self.reshaping_ops else "contraction+reshape"
-        return "fallback"
+                return SC.CONTRACTION_PROLOGUE
+            return SC.CONTRACTION if not self.reshaping_ops else SC.CONTRACTION_RESHAPE
+        return SC.FALLBACK
 
-    def schedule_on(self, kind: str) -> str:
+    def schedule_on(self, kind: str) -> SC:
         """The schedule class on a target kind.
 
         A contraction with data-movement or elementwise producers (a prologue) or with a
@@ -194,17 +195,17 @@ class GroupFeatures:
           Q/K/V projection).
         """
         schedule = self.schedule
-        if schedule == "reduction" and kind != "cuda" and (
+        if schedule == SC.REDUCTION and kind != "cuda" and (
                 self.n_outputs > 1 or self.moves_after_reduction):
-            return "fallback"
-        if schedule not in ("contraction+reshape", "contraction+prologue"):
+            return SC.FALLBACK
+        if schedule not in (SC.CONTRACTION_RESHAPE, SC.CONTRACTION_PROLOGUE):
             return schedule
         if self.tuple_items:
-            return "fallback"
+            return SC.FALLBACK
         if kind == "cuda":
-            return "fallback" if self.prologue_compute else "contraction"
-        return "contraction+stream" if schedule == "contraction+prologue" and not (
-            self.reshaping_ops) else "fallback"
+            return SC.FALLBACK if self.prologue_compute else SC.CONTRACTION
+        return SC.CONTRACTION_STREAM if schedule == SC.CONTRACTION_PROLOGUE and not (
+            self.reshaping_ops) else SC.FALLBACK
 
 
 _NOT_LEARNED = ("boundary_sizes", "tuple_items", "prologue_compute",

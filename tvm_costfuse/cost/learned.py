@@ -33,6 +33,7 @@ import numpy as np
 
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
+from ..schedules.classes import FINAL
 from .features import FEATURE_NAMES, GroupFeatures
 
 __all__ = ["NEAR", "LearnedModel", "load_model", "model_path", "rows_to_dataset", "train",
@@ -50,7 +51,7 @@ FALLBACK_CONFIDENCE = 0.1
 MODEL_FILE = "xgb_model.json"
 META_FILE = "xgb_model.meta.json"
 _FAILED = 1e9  # run_secs at or above this are failed records (meta-schedule writes 1e10)
-_SCHEDULES = ("contraction", "contraction+stream", "reduction", "elementwise", "fallback")
+_SCHEDULES = FINAL
 _TERMS = ("launch", "memory", "compute", "spill")
 # A query answers from the trees only if some training row lies within this distance on every
 # feature (log1p units: about 5% per feature) and has its schedule class (the one-hot columns:

@@ -41,7 +41,7 @@ from ..pipelines import prepare
 from ..planner import plan_cost
 from ..rules import rules_groups
 from ..strategies import split_strategy, strategy_pipeline
-from ..targets import TargetDesc, host, preset
+from ..targets import Target, TargetDesc, resolve
 from ..transform import plan_module
 
 __all__ = ["STRATEGIES", "TARGETS", "Cell", "compare", "markdown_table"]
@@ -157,32 +157,39 @@ def _pipeline(strategy: str, desc: TargetDesc, target: tvm.target.Target,
 # ------------------------------------------------------------------------------- targets
 @dataclass(frozen=True)
 class _Target:
+    """A target as compare runs it: the resolved target, and whether it is timed here."""
+
     name: str  # "llvm" or "cuda"
-    desc: TargetDesc
-    tvm_target: tvm.target.Target
+    target: Target
     measured: bool
     note: str = ""
 
     @property
+    def desc(self) -> TargetDesc:
+        return self.target.desc
+
+    @property
+    def tvm_target(self) -> tvm.target.Target:
+        return self.target.tvm
+
+    @property
     def device(self):
-        return tvm.cuda() if self.name == "cuda" else tvm.cpu()
+        return self.target.device()
 
 
 def _targets(names: Sequence[str], gpu: str, measure_cuda: bool | None) -> list[_Target]:
-    from ..targets import host_target
-
     out = []
     for name in names:
-        if name == "llvm":
-            out.append(_Target("llvm", host(), host_target(), measured=True))
-        elif name == "cuda":
-            desc = preset(gpu)
-            present = bool(tvm.cuda().exist)
-            want = present if measure_cuda is None else measure_cuda
-            note = "" if present or not want else "no GPU present: not measured"
-            out.append(_Target("cuda", desc, desc.tvm_target(), want and present, note))
-        else:
+        if name not in TARGETS:
             raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
+        target = resolve(name, gpu=gpu)
+        if name == "llvm":
+            out.append(_Target(name, target, measured=True))
+            continue
+        present = bool(tvm.cuda().exist)
+        want = present if measure_cuda is None else measure_cuda
+        note = "" if present or not want else "no GPU present: not measured"
+        out.append(_Target(name, target, want and present, note))
     return out
 
 

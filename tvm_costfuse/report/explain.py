@@ -22,12 +22,8 @@ from ..partition import fuseops_groups, resolve_groups
 from ..pipelines import prepare
 from ..planner import initial_units, plan_cost
 from ..rules import rules_groups
-from ..targets import TargetDesc, preset
+from ..targets import TargetDesc, resolve
 from ..transform import plan_module
-
-
-def _target(target: str | TargetDesc) -> TargetDesc:
-    return target if isinstance(target, TargetDesc) else preset(target)
 
 
 def is_view(graph: OpGraph, unit: Sequence[str]) -> bool:
@@ -107,7 +103,8 @@ def explain(
         A zoo model name (``small`` picks its test variant) or an IRModule before fusion; it is
         run through ``passes.prepare`` either way.
     target
-        A preset name (``host``, ``h100``, ``h200``, ``a100``) or a ``TargetDesc``.
+        Anything :func:`tvm_costfuse.targets.resolve` takes: a preset name (``host``, ``h100``,
+        ``h200``, ``a100``), a ``tvm.target.Target`` or a ``TargetDesc``.
     config
         ``FusionConfig`` fields (``max_chain_length=8``...); PassContext keys fill the rest.
 
@@ -124,7 +121,7 @@ def explain(
     if isinstance(model, str):
         model, _ = models.load(model, small=small)
     mod = prepare(model)
-    desc = _target(target)
+    desc = resolve(target).desc
     cfg = FusionConfig.resolve(**config)
     plan = plan_module(mod, desc, cfg, func_name)
     graph = build_graph(mod, func_name)

@@ -36,7 +36,7 @@ from ..graph import OpGraph, build_graph
 from ..partition import apply_partition
 from ..pipelines import prepare
 from ..planner import plan_greedy
-from ..targets import for_target
+from ..targets import resolve
 
 __all__ = ["MeasureConfig", "MeasureSummary", "build_and_profile_cuda", "candidate_groups",
            "group_kernel", "measure_model"]
@@ -358,7 +358,7 @@ def feature_row(model: str, graph: OpGraph, members, features=None) -> dict:
 def measure_model(
     model: str,
     mod: tvm.IRModule,
-    target: tvm.target.Target,
+    target,
     work_dir=None,
     config: MeasureConfig | None = None,
     *,
@@ -368,7 +368,6 @@ def measure_model(
     prepared: bool = False,
     runner_fn: Callable | None = None,
     log: Callable[[str], None] | None = None,
-    target_desc=None,
 ) -> MeasureSummary:
     """Measure the candidate groups of one model into ``work_dir`` (resumable).
 
@@ -378,9 +377,10 @@ def measure_model(
         Name recorded with each group (the leave-one-model-out key).
     mod : IRModule
         The model (zoo form), or the module after ``passes.prepare`` with ``prepared=True``.
-    target : Target
-        LLVM target with ``mcpu`` and ``num-cores`` (``targets.host_target()``), or a CUDA
-        target (``TargetDesc.tvm_target()`` of a GPU preset).
+    target
+        Anything :func:`tvm_costfuse.targets.resolve` takes: an LLVM target with ``mcpu`` and
+        ``num-cores`` (``targets.host_target()``), a GPU preset name, a resolved ``Target``
+        (its description prices the candidates: a bare sm_90 target is priced as an H100).
     work_dir : str or Path, optional
         GroupDatabase folder; default ``database.default_work_dir(target)``.
     groups : iterable of groups, optional
@@ -390,9 +390,6 @@ def measure_model(
     runner_fn : callable, optional
         Replaces :func:`build_and_time` (tests inject failures with it; needs isolate=False
         unless importable by the worker).
-    target_desc : TargetDesc, optional
-        Prices the candidates; default ``targets.for_target(target)`` (an sm_90 target maps
-        to the H100 preset: pass H200's to plan for it).
 
     Returns
     -------
@@ -402,6 +399,8 @@ def measure_model(
         lone reshapes left unmeasured (a model runs them as views).
         Nothing raised by building or running a kernel escapes.
     """
+    resolved = resolve(target)
+    target, target_desc = resolved.tvm, resolved.desc
     config = config or MeasureConfig()
     log = log or (lambda _msg: None)
     db = GroupDatabase(work_dir or default_work_dir(target))
@@ -411,7 +410,6 @@ def measure_model(
     from ..schedules.prepack import mark_constant_weights  # schedules import this package
 
     marked = mark_constant_weights(prep)
-    target_desc = target_desc or for_target(target)
     cands = ([tuple(sorted(g, key=lambda n: graph[n].index)) for g in groups]
              if groups is not None else candidate_groups(graph, target_desc, fusion_config))
     if max_groups is not None:
