@@ -34,20 +34,21 @@ FEATURES_FILE = "features.jsonl"
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def default_work_dir(target: tvm.target.Target | str) -> Path:
-    """``tuning_logs/<kind>-<mcpu>/groups`` (cuda: ``cuda-<arch>``) at the repository root.
-
-    A subfolder of the per-target tuning folder (on llvm): ``tuning.py`` tunes whole-model
-    kernels into ``tuning_logs/<kind>-<mcpu>/`` itself, and the two sets answer different questions
-    (best schedule of a kernel vs. time of a candidate group under our rules).
-    """
+def target_dir(target: tvm.target.Target | str) -> Path:
+    """``tuning_logs/<kind>-<chip>`` at the repository root: the CPU model for llvm
+    (``llvm-znver4``), the architecture for cuda (``cuda-sm_90``; GPUs of one architecture,
+    such as H100 and H200, share a folder). Meta-schedule tunes whole-model kernels into it."""
     target = tvm.target.Target(target)
     attrs = target.attrs if target.attrs is not None else {}
-    # The CPU model for llvm, the architecture for cuda (``cost.learned`` names it the same):
-    # GPUs of one architecture (H100 and H200 are both sm_90) share a folder.
     chip = attrs.get("arch", "") if target.kind.name == "cuda" else attrs.get("mcpu", "")
     name = f"{target.kind.name}-{chip}" if chip else target.kind.name
-    return _REPO_ROOT / "tuning_logs" / name / "groups"
+    return _REPO_ROOT / "tuning_logs" / name
+
+
+def default_work_dir(target: tvm.target.Target | str) -> Path:
+    """``<target_dir>/groups``: candidate groups timed under our rules, a different question
+    from meta-schedule's best schedule of a kernel, so a folder of its own."""
+    return target_dir(target) / "groups"
 
 
 def workload_hash(func: tvm.tirx.PrimFunc) -> str:

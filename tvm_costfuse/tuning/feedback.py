@@ -36,6 +36,9 @@ from ..graph import OpGraph, build_graph
 from ..partition import apply_partition
 from ..pipelines import prepare
 from ..planner import plan_greedy
+from ..schedules import rules
+from ..schedules.cuda import GuardedRule, gpu_rules
+from ..schedules.prepack import mark_constant_weights
 from ..targets import resolve
 
 __all__ = ["MeasureConfig", "MeasureSummary", "build_and_profile_cuda", "candidate_groups",
@@ -100,8 +103,6 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
     (destination-passing style: inputs first, then outputs). ``marked``: ``prepared`` after
     ``mark_constant_weights``, when the caller asks for many groups of one model (marking
     copies the whole module)."""
-    from ..schedules.prepack import mark_constant_weights  # schedules import this package
-
     members = list(members)
     calls = [n for n in members if graph[n].kind == "call_tir"]
     if len(calls) == 1:
@@ -124,12 +125,8 @@ def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     first that applies wins (as dlight's ApplyDefaultSchedule); (func, empty trace) when none
     applies."""
     if target.kind.name == "cuda":
-        from ..schedules.cuda import GuardedRule, gpu_rules
-
         candidates = [GuardedRule(r) for r in gpu_rules()]
     else:
-        from ..schedules import rules  # schedules import this package
-
         candidates = rules()
     for rule in candidates:
         sch = rule.apply(func, target, False)
@@ -407,8 +404,6 @@ def measure_model(
     start = time.perf_counter()
     prep = mod if prepared else prepare(mod, target)
     graph = build_graph(prep)
-    from ..schedules.prepack import mark_constant_weights  # schedules import this package
-
     marked = mark_constant_weights(prep)
     cands = ([tuple(sorted(g, key=lambda n: graph[n].index)) for g in groups]
              if groups is not None else candidate_groups(graph, target_desc, fusion_config))

@@ -27,7 +27,10 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from .. import pipelines
+from ..strategies import fusion_pass
+from .database import target_dir as default_work_dir
 from ..pipelines import build_pipeline
+from ..schedules import schedule_pass
 
 __all__ = ["default_work_dir", "fuse", "tune_model", "tuned_pipeline"]
 
@@ -35,7 +38,6 @@ __all__ = ["default_work_dir", "fuse", "tune_model", "tuned_pipeline"]
 BUILDER_TIMEOUT_S = 180.0
 # Runner workers import TVM too; one run of a small kernel is milliseconds.
 RUNNER_TIMEOUT_S = 120.0
-_REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @derived_object
@@ -51,21 +53,11 @@ class _LocalBuilder(ms.builder.LocalBuilder._cls):
             super()._sanity_check()
 
 
-def default_work_dir(target: tvm.target.Target | str) -> Path:
-    """``tuning_logs/<kind>-<mcpu>`` at the repository root, e.g. ``tuning_logs/llvm-znver4``."""
-    target = tvm.target.Target(target)
-    mcpu = target.attrs.get("mcpu", "") if target.attrs is not None else ""
-    name = f"{target.kind.name}-{mcpu}" if mcpu else target.kind.name
-    return _REPO_ROOT / "tuning_logs" / name
-
-
 def fuse(mod: tvm.IRModule, target: tvm.target.Target | str, fusion: str = "tvm") -> tvm.IRModule:
     """The module the schedule pass sees: pre-fusion passes, ``fusion``, ``FuseTIR``.
 
     ``fusion`` is a strategy name of :mod:`tvm_costfuse.strategies` other than ``stock``.
     """
-    from ..strategies import fusion_pass  # strategies import this package
-
     target = tvm.target.Target(target)
     return passes.fuse(mod, target, fusion_pass(fusion, target))
 
@@ -149,9 +141,6 @@ def tuned_pipeline(
     Order after fusion: ``FuseTIR`` -> ``MetaScheduleApplyDatabase(work_dir)`` (tuned workloads,
     marked ``tirx.is_scheduled``) -> our rules (skip scheduled PrimFuncs, schedule the rest).
     """
-    from ..schedules import schedule_pass
-    from ..strategies import fusion_pass  # strategies import this package
-
     target = tvm.target.Target(target)
     work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)
     if not (work_dir / "database_tuning_record.json").exists():

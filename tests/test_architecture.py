@@ -1,0 +1,104 @@
+"""The package's shape: no import cycles (function-level imports included), small modules,
+``schedules/`` below everything but the target facts it schedules for."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "tvm_costfuse"
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, with ``schedules/`` installed as ``tvm_costfuse.schedules``."""
+    out = {}
+    for base, prefix in ((ROOT / PACKAGE, PACKAGE), (ROOT / "schedules", f"{PACKAGE}.schedules")):
+        for path in base.rglob("*.py"):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([prefix, *parts])] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Package modules ``name`` imports anywhere in its file (module or function level)."""
+    is_pkg = path.name == "__init__.py"
+    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            bases = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = here[: len(here) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            bases = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for b in bases:
+            # the longest known module the name lies in (a submodule, else its package)
+            while b and b not in known:
+                b = b.rpartition(".")[0]
+            if b and b != name and b != PACKAGE:
+                found.add(b)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules along it, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_cycles_among_the_package_modules() -> None:
+    # A package __init__ that re-exports its own submodules is not a cycle: skip those edges.
+    graph = {m: {d for d in deps if not m.startswith(f"{d}.")} for m, deps in _graph().items()}
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_over_the_line_budget() -> None:
+    long = {m: n for m, p in _modules().items() if (n := len(p.read_text().splitlines())) >
+            MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_schedules_import_nothing_above_them() -> None:
+    """Schedule rules depend on TVM and the target facts they schedule for, nothing else."""
+    allowed = (f"{PACKAGE}.schedules", f"{PACKAGE}.targets.isa", f"{PACKAGE}.targets")
+    graph = _graph()
+    bad = {m: sorted(d for d in deps if not d.startswith(allowed))
+           for m, deps in graph.items() if m.startswith(f"{PACKAGE}.schedules")}
+    assert not any(bad.values()), bad
