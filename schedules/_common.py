@@ -7,15 +7,13 @@ instead of producing a wrong program; the rules catch that and fall through to t
 
 from __future__ import annotations
 
-
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
-from tvm.target import Target
 
-from .math_calls import CHEAP_CALLS, short_name
 from ..targets.isa import num_cores, vector_lanes, vector_registers
+from .math_calls import CHEAP_CALLS, short_name
 
 __all__ = ["num_cores", "vector_lanes", "vector_registers"]  # re-exported for the rules
 

@@ -13,7 +13,6 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
-from .classes import ScheduleClass
 from ._common import (
     MIN_PARALLEL_ITERS,
     PARALLEL_CHUNKS_PER_CORE,
@@ -23,6 +22,7 @@ from ._common import (
     root_blocks,
     vector_lanes,
 )
+from .classes import ScheduleClass
 
 
 def loop_kinds(sch: s_tir.Schedule, block: SBlockRV) -> list[str] | None:

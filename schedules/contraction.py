@@ -21,8 +21,8 @@ from ._common import (
     vector_registers,
     vector_tile,
 )
-from .classes import ScheduleClass
 from ._loops import SafeRule, loop_kinds, parallelize, schedule_rest
+from .classes import ScheduleClass
 from .prepack import pack_streamed_operand
 
 _log = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from ._common import (
     inline_spatial,
     root_blocks,
 )
-from .classes import ScheduleClass
 from ._loops import SafeRule, schedule_rest
+from .classes import ScheduleClass
 from .contraction import Contraction
 from .reduction import RowReduction
 

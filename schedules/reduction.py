@@ -15,8 +15,8 @@ from ._common import (
     vector_lanes,
     vector_tile,
 )
-from .classes import ScheduleClass
 from ._loops import SafeRule, loop_kinds, parallelize
+from .classes import ScheduleClass
 
 
 def _lead_vars(sch, block, n):

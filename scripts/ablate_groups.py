@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 
 from tvm_costfuse.schedules import schedule_pass
-from tvm_costfuse.targets import host_target
 
 from tvm_costfuse import models
 from tvm_costfuse.config import FusionConfig
 from tvm_costfuse.measurement.timing import build, interleaved_medians
 from tvm_costfuse.partition import ApplyPartition, fuseops_groups
 from tvm_costfuse.pipelines import prepare
-from tvm_costfuse.targets import for_target
+from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.transform import plan_module
 
 

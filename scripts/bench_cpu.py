@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import tvm
 from tvm import relax
-from tvm_costfuse.targets import host_target
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import geomean, max_mismatch, run
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
+from tvm_costfuse.targets import host_target
 
 try:
     import torch

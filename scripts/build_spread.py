@@ -16,11 +16,11 @@ import argparse
 
 import numpy as np
 import tvm
-from tvm_costfuse.targets import host_target
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import interleaved_samples
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
+from tvm_costfuse.targets import host_target
 
 
 def main() -> None:

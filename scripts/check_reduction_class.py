@@ -14,15 +14,15 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
-from tvm_costfuse.targets import host_target
 from tvm_costfuse.schedules.cpu import Contraction, RowReduction
 
 from tvm_costfuse import models
 from tvm_costfuse.cost.features import GroupFeatures
-from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
-from tvm_costfuse.tuning.feedback import group_kernel_and_outputs
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.pipelines import prepare
+from tvm_costfuse.targets import host_target
+from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
+from tvm_costfuse.tuning.feedback import group_kernel_and_outputs
 
 
 def main() -> int:

@@ -15,11 +15,11 @@ import sys
 
 import numpy as np
 import tvm
-from tvm_costfuse.targets import host_target
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import max_mismatch, run
 from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.targets import host_target
 
 STRATEGIES = ("tvm", "costfuse")
 PROGRAMS = 40  # synth-0 .. synth-39: the measured set

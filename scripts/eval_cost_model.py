@@ -27,17 +27,16 @@ import sys
 
 import numpy as np
 from scipy.stats import kendalltau
-from tvm_costfuse.targets import host_target
 
 from tvm_costfuse import models
 from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _features_of, train, train_rows
 from tvm_costfuse.cost.measured import MeasuredModel
-from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
-from tvm_costfuse.tuning.feedback import MeasureConfig, feature_row, measure_model
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.pipelines import prepare
-from tvm_costfuse.targets import for_target
+from tvm_costfuse.targets import for_target, host_target
+from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
+from tvm_costfuse.tuning.feedback import MeasureConfig, feature_row, measure_model
 
 
 def _measure(args) -> None:

@@ -37,7 +37,6 @@ from collections import Counter
 import numpy as np
 import tvm
 from tvm import relax
-from tvm_costfuse.targets import host_target
 
 from tvm_costfuse import models
 from tvm_costfuse.cost.features import op_class
@@ -45,7 +44,7 @@ from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measurement.timing import geomean, interleaved_medians, kernel_calls
 from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.strategies import strategy_pipeline
-from tvm_costfuse.targets import host
+from tvm_costfuse.targets import host, host_target
 
 
 def _wall(vm, args, runs: int) -> float:

@@ -53,12 +53,11 @@ from pathlib import Path
 
 import numpy as np
 import xgboost as xgb
-from tvm_costfuse.targets import host_target
 
 from tvm_costfuse import models
 from tvm_costfuse.cost import learned
+from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
-from tvm_costfuse.targets import for_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eval_cost_model import _median, _pairs

@@ -11,14 +11,12 @@ optimum (same cost model), and the gap (greedy / exact - 1).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from tvm_costfuse import testing as synthetic
 from tvm_costfuse import FusionConfig, build_graph, models, plan_exact, plan_greedy
+from tvm_costfuse import testing as synthetic
 from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.planner import initial_units
 from tvm_costfuse.targets import preset

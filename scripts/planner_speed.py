@@ -5,14 +5,11 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
-
-from tvm_costfuse.testing import random_dag
 
 from tvm_costfuse import FusionConfig, plan_greedy
 from tvm_costfuse.targets import preset
+from tvm_costfuse.testing import random_dag
 
 
 def main() -> None:

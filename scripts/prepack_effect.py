@@ -17,12 +17,12 @@ import argparse
 import numpy as np
 import tvm
 from tvm_costfuse.schedules import schedule_pass
-from tvm_costfuse.targets import host_target
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import geomean, interleaved_samples, max_mismatch, run
 from tvm_costfuse.pipelines import build_pipeline
 from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
+from tvm_costfuse.targets import host_target
 
 
 def main() -> None:

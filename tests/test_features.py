@@ -9,10 +9,10 @@ from conftest import prepared
 
 from tvm_costfuse.cost.analytical import estimate, launch_seconds
 from tvm_costfuse.cost.features import GroupFeatures, group_features
-from tvm_costfuse.tuning.database import GroupDatabase
-from tvm_costfuse.tuning.feedback import feature_row
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.targets import host, preset
+from tvm_costfuse.tuning.database import GroupDatabase
+from tvm_costfuse.tuning.feedback import feature_row
 
 HOST = host(num_cores=2, calibration=False)
 H200 = preset("h200")
@@ -105,12 +105,12 @@ def test_cpu_reduction_class_agrees_with_the_row_reduction_rule() -> None:
     features say
     ``reduction`` on CPU exactly when our row-reduction rule schedules the fused kernel (a
     second output or a transpose after the reduction makes the rule decline: fallback)."""
-    from tvm_costfuse.targets import host_target
     from tvm_costfuse.schedules.cpu import Contraction, RowReduction
 
     from tvm_costfuse import FusionConfig, models
-    from tvm_costfuse.tuning.feedback import candidate_groups, group_kernel_and_outputs
     from tvm_costfuse.pipelines import prepare
+    from tvm_costfuse.targets import host_target
+    from tvm_costfuse.tuning.feedback import candidate_groups, group_kernel_and_outputs
 
     target = host_target(2)
     seen = set()

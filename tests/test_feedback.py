@@ -8,14 +8,18 @@ import re
 import tvm
 from conftest import prepared
 from tvm.s_tir import meta_schedule as ms
-from tvm_costfuse.targets import host_target
 
-from tvm_costfuse.tuning import feedback
 from tvm_costfuse.cost.features import FEATURE_NAMES
-from tvm_costfuse.tuning.database import FAILED_RUN_SECS, GroupDatabase
-from tvm_costfuse.tuning.feedback import MeasureConfig, build_and_time, candidate_groups, measure_model
 from tvm_costfuse.graph import build_graph
-from tvm_costfuse.targets import for_target
+from tvm_costfuse.targets import for_target, host_target
+from tvm_costfuse.tuning import feedback
+from tvm_costfuse.tuning.database import FAILED_RUN_SECS, GroupDatabase
+from tvm_costfuse.tuning.feedback import (
+    MeasureConfig,
+    build_and_time,
+    candidate_groups,
+    measure_model,
+)
 
 GROUPS = [("matmul",), ("add",), ("matmul", "add")]
 FAST = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=120)

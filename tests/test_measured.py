@@ -10,11 +10,11 @@ from tvm_costfuse.config import FusionConfig
 from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.features import group_features
 from tvm_costfuse.cost.measured import MeasuredModel, load_measured
-from tvm_costfuse.tuning.feedback import feature_row
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measurement.timing import assert_close
 from tvm_costfuse.planner import plan_greedy
 from tvm_costfuse.targets import host
+from tvm_costfuse.tuning.feedback import feature_row
 
 TARGET = host(num_cores=2, calibration=False)
 
@@ -69,10 +69,10 @@ def test_no_measurements_answers_analytically_and_says_so(tmp_path, caplog):
 
 def test_measured_cost_model_through_passcontext_builds_right():
     import tvm
-    from tvm_costfuse.targets import host_target
 
     from tvm_costfuse import models, pipeline
     from tvm_costfuse.measurement.timing import run
+    from tvm_costfuse.targets import host_target
 
     mod, inputs = models.load("rmsnorm", small=True)
     target = host_target()

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from conftest import prepared
-from tvm_costfuse.testing import branchy_dag, make_graph, op, random_dag
 
 from tvm_costfuse import FusionConfig, build_graph, plan_exact, plan_greedy
 from tvm_costfuse.cost import group_features
 from tvm_costfuse.graph import OpPattern
 from tvm_costfuse.planner import plan_cost
 from tvm_costfuse.targets import preset
+from tvm_costfuse.testing import branchy_dag, make_graph, op, random_dag
 
 H100, HOST = preset("h100"), preset("host")
 

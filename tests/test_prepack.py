@@ -8,12 +8,12 @@ import pytest
 import tvm
 from tvm import relax
 from tvm_costfuse.schedules import schedule_pass
-from tvm_costfuse.targets import host_target
 from tvm_costfuse.schedules.prepack import pack_constants, packed
 
 from tvm_costfuse.measurement.timing import max_mismatch, run
 from tvm_costfuse.pipelines import fuse
 from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
+from tvm_costfuse.targets import host_target
 
 TARGET = host_target(2)
 K, N = 64, 256  # N = 4 vector tiles of 64 lanes (or 8 of 32): the weight gets packed

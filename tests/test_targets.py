@@ -12,9 +12,8 @@ import pytest
 import tvm
 
 from tvm_costfuse import targets
-from tvm_costfuse.targets import machine
 from tvm_costfuse.measurement import calibrate
-from tvm_costfuse.targets import A100, H100, H200
+from tvm_costfuse.targets import A100, H100, H200, machine
 
 
 # ---------------------------------------------------------------------------- GPU presets

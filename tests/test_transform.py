@@ -8,14 +8,14 @@ import tvm
 from conftest import prepared, reference
 from test_partition import _symbolic_module
 from tvm import relax
-from tvm_costfuse.measurement.cuda_source import kernel_sources
-from tvm_costfuse.targets import cuda_target
 
 import tvm_costfuse
 from tvm_costfuse import CostFuse, models
 from tvm_costfuse.cost import group_features
 from tvm_costfuse.graph import build_graph
+from tvm_costfuse.measurement.cuda_source import kernel_sources
 from tvm_costfuse.measurement.timing import assert_close, run
+from tvm_costfuse.targets import cuda_target
 
 
 @pytest.mark.parametrize("name", models.names())

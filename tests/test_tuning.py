@@ -12,10 +12,10 @@ import math
 import pytest
 import tvm
 from tvm.s_tir import meta_schedule as ms
-from tvm_costfuse.targets import host_target
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import assert_close, build, run
+from tvm_costfuse.targets import host_target
 from tvm_costfuse.tuning.metaschedule import default_work_dir, fuse, tune_model, tuned_pipeline
 
 TUNED = "fused_matmul_add_gelu"  # FuseOps' first group in mlp_gelu: the one we tune

@@ -21,8 +21,8 @@ from .graph import build_graph
 from .measurement.timing import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
 from .pipelines import prepare
-from .targets import host_target, preset_names, resolve
 from .strategies import STRATEGIES, strategy_pipeline
+from .targets import host_target, preset_names, resolve
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -121,10 +121,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     """Measure the planner's candidate groups (most consequential first: the greedy planner
     weighs merges in order of predicted gain), retrain the learned model, re-plan."""
     from .cost.learned import train  # xgboost loads only on demand
-    from .tuning.database import default_work_dir
-    from .tuning.feedback import MeasureConfig, measure_model
     from .planner import plan_greedy
     from .transform import plan_module
+    from .tuning.database import default_work_dir
+    from .tuning.feedback import MeasureConfig, measure_model
 
     try:
         from tqdm import tqdm

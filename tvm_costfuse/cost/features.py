@@ -12,8 +12,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from ..schedules.classes import ScheduleClass as SC
 from ..graph import Node, OpGraph, OpPattern
+from ..schedules.classes import ScheduleClass as SC
 
 _log = logging.getLogger(__name__)
 # Context fields already reported missing from a stored row (one warning per field).

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..schedules.classes import FINAL
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
-from ..schedules.classes import FINAL
 from .features import FEATURE_NAMES, GroupFeatures
 
 __all__ = ["NEAR", "LearnedModel", "load_model", "model_path", "rows_to_dataset", "train",
@@ -328,9 +328,9 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     synthetic programs (0.74-0.81 against 0.81 without) and left it below the analytical
     model on the zoo (sessions 3-4, shallow trees answering everywhere; docs/benchmarks.md).
     """
-    from ..tuning.database import GroupDatabase
     from ..models.synthetic import is_synthetic
     from ..targets import host
+    from ..tuning.database import GroupDatabase
 
     target = target or host()
     rows = [r for r in GroupDatabase(work_dir).rows()

@@ -28,7 +28,6 @@ import datetime
 import json
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import tvm

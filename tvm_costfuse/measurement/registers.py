@@ -352,8 +352,8 @@ def cuda_register_report(
     list of KernelRow
         One per kernel, in the order TVM emitted them.
     """
-    from . import cuda_source as cuda
     from ..targets import cuda_target
+    from . import cuda_source as cuda
 
     if isinstance(mod_or_name, str):
         from .. import models

@@ -20,7 +20,8 @@ from tvm.relax.frontend import nn
 
 from .blocks import (
     F32 as _F32,
-    BatchNorm2d,
+)
+from .blocks import (
     ConvBNAct,
     RMSNormExplicit,
     SelfAttention,
@@ -29,7 +30,8 @@ from .blocks import (
     merge_heads,
     split_heads,
 )
-from .export import Spec as _Spec, build_weights, export
+from .export import Spec as _Spec
+from .export import build_weights, export
 
 __all__ = ["build", "load", "names"]
 

@@ -18,22 +18,18 @@ learned model) is a failed cell carrying its error: the run never stops for one 
 
 from __future__ import annotations
 
-import csv
-import math
 import os
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import tvm
 
 from .. import models
 from ..config import FusionConfig, register_config_keys
 from ..cost.features import group_features
-from .explain import intermediate_bytes, kernels_of
 from ..graph import OpGraph, build_graph
 from ..measurement.timing import interleaved_medians, max_mismatch, run
 from ..partition import ApplyPartition, fuseops_groups
@@ -43,6 +39,10 @@ from ..rules import rules_groups
 from ..strategies import split_strategy, strategy_pipeline
 from ..targets import Target, TargetDesc, resolve
 from ..transform import plan_module
+from .cells import Cell, cpu_regs, cuda_regs
+from .explain import intermediate_bytes, kernels_of
+from .plots import plot_registers, plot_speedup
+from .tables import markdown_table, write_csv, write_kernels_csv
 
 __all__ = ["STRATEGIES", "TARGETS", "Cell", "compare", "markdown_table"]
 
@@ -52,50 +52,6 @@ TARGETS = ("llvm", "cuda")
 _MISMATCH_OK = 1.0
 # Failed cells keep this much of the error (the first line names the exception).
 _ERROR_CHARS = 400
-
-
-@dataclass(frozen=True)
-class KernelRegs:
-    """Backend-reported resources of one compiled kernel."""
-
-    kernel: str
-    registers: int | None  # CUDA: ptxas; CPU: None (LLVM reports spills only)
-    spill_bytes: int  # CUDA: spill stores; CPU: bytes of Spill instructions
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One (model, strategy, target) result; ``error`` is set when it failed."""
-
-    model: str
-    strategy: str
-    target: str
-    error: str = ""
-    kernels: int | None = None
-    intermediate_bytes: int | None = None
-    predicted_s: float | None = None
-    flops: float | None = None
-    min_bytes: int | None = None  # compulsory traffic: model inputs, weights, outputs
-    roofline_s: float | None = None
-    measured_s: float | None = None
-    roofline_fraction: float | None = None
-    built_kernels: int | None = None
-    launched_kernels: int | None = None  # measured targets: kernel calls of one run of `main`
-    max_registers: int | None = None
-    spilling_kernels: int | None = None
-    spill_bytes: int | None = None
-    max_mismatch: float | None = None
-    numerics: str = ""  # "ok", "MISMATCH", or "" when not measured
-    compile_s: float | None = None
-    note: str = ""
-    kernel_regs: tuple[KernelRegs, ...] = field(default=(), repr=False)
-
-    @property
-    def ok(self) -> bool:
-        return not self.error
-
-
-_CSV_FIELDS = [f.name for f in fields(Cell) if f.name != "kernel_regs"]
 
 
 # ---------------------------------------------------------------------------------- inputs
@@ -205,33 +161,6 @@ def roofline(graph: OpGraph, desc: TargetDesc) -> tuple[float, int, float]:
     return f.flops, nbytes, max(f.flops / desc.peak(dtype), nbytes / desc.dram_bw)
 
 
-# ------------------------------------------------------------------------------ registers
-def _cuda_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
-    from ..measurement.registers import find_nvcc, ptxas_report
-    from ..measurement.cuda_source import cuda_source, kernel_sources
-
-    kernels = list(kernel_sources(ex))
-    if find_nvcc() is None:
-        return tuple(KernelRegs(k, None, 0) for k in kernels), "no nvcc: registers unknown"
-    # One nvcc call for the whole unit: ptxas allocates registers per entry all the same.
-    report = ptxas_report(cuda_source(ex))
-    rows = []
-    for k in kernels + [k for k in report if k not in kernels]:
-        r = report.get(k)
-        rows.append(KernelRegs(k, r.registers if r else None, r.spill_store_bytes if r else 0))
-    return tuple(rows), ""
-
-
-def _cpu_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
-    from ..measurement.registers import cpu_spill_report
-
-    try:
-        report = cpu_spill_report(ex)
-    except ImportError as err:
-        return (), str(err)
-    return tuple(KernelRegs(k, None, s.spill_bytes) for k, s in report.items()), ""
-
-
 # ------------------------------------------------------------------------------- compare
 def _error(err: BaseException) -> str:
     text = f"{type(err).__name__}: {err}".strip()
@@ -288,7 +217,7 @@ def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> li
                                  relax_pipeline=_pipeline(s, t.desc, t.tvm_target, groups))
             base = replace(base, compile_s=time.perf_counter() - start)
             stage = "registers"
-            regs, note = _cuda_regs(ex) if t.name == "cuda" else _cpu_regs(ex)
+            regs, note = cuda_regs(ex) if t.name == "cuda" else cpu_regs(ex)
             known = [r.registers for r in regs if r.registers is not None]
             base = replace(
                 base, kernel_regs=regs, built_kernels=len(regs) or None,
@@ -428,152 +357,6 @@ def compare(
     if out_dir is not None:
         write_outputs(cells, out_dir)
     return cells
-
-
-# ------------------------------------------------------------------------------- outputs
-def speedups(cells: Sequence[Cell], baseline: str = "tvm") -> dict[tuple[str, str, str], float]:
-    """(model, strategy, target) -> baseline time / time: measured where both cells were
-    measured, else predicted (keys of predicted ones end in target + " (predicted)")."""
-    by = {(c.model, c.strategy, c.target): c for c in cells if c.ok}
-    out = {}
-    for (m, s, t), c in by.items():
-        b = by.get((m, baseline, t))
-        if b is None:
-            continue
-        if c.measured_s and b.measured_s:
-            out[(m, s, t)] = b.measured_s / c.measured_s
-        elif c.predicted_s and b.predicted_s:
-            out[(m, s, f"{t} (predicted)")] = b.predicted_s / c.predicted_s
-    return out
-
-
-def _fmt(value, scale: float = 1.0, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, int) and scale == 1.0:
-        return str(value)
-    return f"{value * scale:.{digits}g}" if abs(value * scale) < 1e4 else f"{value * scale:.0f}"
-
-
-def markdown_table(cells: Sequence[Cell], baseline: str = "tvm") -> str:
-    """One row per cell: kernels, intermediate MiB, predicted / measured / roofline ms,
-    speedup vs ``baseline`` (``p`` marks a predicted one), registers, spills, numerics."""
-    sp = speedups(cells, baseline)
-    head = ("| model | target | strategy | kernels | interm. MiB | pred. ms | meas. ms | "
-            f"x vs {baseline} | roofline ms | roofline frac | max regs | spilling kernels | "
-            "spill B | numerics | error |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for c in cells:
-        s = sp.get((c.model, c.strategy, c.target))
-        x = f"{s:.2f}" if s else ""
-        if not x and (p := sp.get((c.model, c.strategy, f"{c.target} (predicted)"))):
-            x = f"{p:.2f} p"
-        mib = c.intermediate_bytes / 2**20 if c.intermediate_bytes is not None else None
-        row = [c.model, c.target, c.strategy, _fmt(c.kernels), _fmt(mib), _fmt(c.predicted_s, 1e3),
-               _fmt(c.measured_s, 1e3), x, _fmt(c.roofline_s, 1e3),
-               _fmt(c.roofline_fraction, 1.0, 2), _fmt(c.max_registers), _fmt(c.spilling_kernels),
-               _fmt(c.spill_bytes), c.numerics,
-               ("FAILED: " + c.error.replace("|", "/")) if c.error else ""]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def write_csv(cells: Sequence[Cell], path: str | os.PathLike) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=_CSV_FIELDS, lineterminator="\n")
-        w.writeheader()
-        for c in cells:
-            d = asdict(c)
-            d.pop("kernel_regs")
-            w.writerow(d)
-
-
-def write_kernels_csv(cells: Sequence[Cell], path: str | os.PathLike) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(["model", "strategy", "target", "kernel", "registers", "spill_bytes"])
-        for c in cells:
-            for k in c.kernel_regs:
-                w.writerow([c.model, c.strategy, c.target, k.kernel,
-                            "" if k.registers is None else k.registers, k.spill_bytes])
-
-
-def plot_speedup(cells: Sequence[Cell], path: str | os.PathLike, target: str,
-                 baseline: str = "tvm") -> str | None:
-    """Grouped bars: speedup of each strategy over ``baseline`` per model on ``target``
-    (measured, or predicted where the target was not measured)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sp = speedups(cells, baseline)
-    keys = [k for k in sp if k[2] in (target, f"{target} (predicted)")]
-    if not keys:
-        return None
-    predicted = all(k[2].endswith("(predicted)") for k in keys)
-    models = list(dict.fromkeys(k[0] for k in keys))
-    strategies = [s for s in dict.fromkeys(c.strategy for c in cells)
-                  if any(k[1] == s for k in keys)]
-    width = 0.8 / max(1, len(strategies))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(models) + 2), 4.2))
-    for i, s in enumerate(strategies):
-        ys = [sp.get((m, s, target), sp.get((m, s, f"{target} (predicted)"), np.nan))
-              for m in models]
-        ax.bar(np.arange(len(models)) + (i - (len(strategies) - 1) / 2) * width, ys, width,
-               label=s)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(np.arange(len(models)), models, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(f"speedup vs {baseline} ({'predicted' if predicted else 'measured'})")
-    ax.set_title(f"{target}: {'predicted' if predicted else 'measured'} speedup over {baseline}")
-    ax.legend(fontsize=8, ncol=min(5, len(strategies)))
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return str(path)
-
-
-def plot_registers(cells: Sequence[Cell], path: str | os.PathLike,
-                   target: str = "cuda") -> str | None:
-    """Registers per kernel (ptxas), one panel per model, one column of points per strategy;
-    spilling kernels in red."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    chosen = [c for c in cells if c.target == target and c.ok
-              and any(k.registers is not None for k in c.kernel_regs)]
-    if not chosen:
-        return None
-    models = list(dict.fromkeys(c.model for c in chosen))
-    strategies = list(dict.fromkeys(c.strategy for c in chosen))
-    cols = min(5, len(models))
-    rows = math.ceil(len(models) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.6 * rows + 0.4),
-                             squeeze=False, sharey=True)
-    rng = np.random.default_rng(0)  # jitter only; fixed so plots are reproducible
-    for ax, m in zip(axes.flat, models, strict=False):
-        for i, s in enumerate(strategies):
-            c = next((c for c in chosen if c.model == m and c.strategy == s), None)
-            if c is None:
-                continue
-            regs = [(k.registers, k.spill_bytes) for k in c.kernel_regs if k.registers is not None]
-            xs = i + rng.uniform(-0.18, 0.18, len(regs))
-            colours = ["tab:red" if sb > 0 else "tab:blue" for _, sb in regs]
-            ax.scatter(xs, [r for r, _ in regs], s=9, c=colours, alpha=0.7)
-        ax.set_title(m, fontsize=9)
-        ax.set_xticks(range(len(strategies)), strategies, rotation=45, ha="right", fontsize=7)
-        ax.axhline(255, color="0.6", lw=0.6, ls="--")
-    for ax in list(axes.flat)[len(models):]:
-        ax.axis("off")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("registers / thread", fontsize=8)
-    fig.suptitle(f"{target}: ptxas registers per kernel (red: spills)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return str(path)
 
 
 def write_outputs(cells: Sequence[Cell], out_dir: str | os.PathLike) -> list[str]:

@@ -154,7 +154,7 @@ def resolve(spec=None, *, gpu: str | None = None, desc: TargetDesc | None = None
             return Target(d.tvm_target(), desc or d)
     try:
         target = tvm.target.Target(spec)
-    except Exception as err:  # noqa: BLE001 -- TVM raises its own error types for bad specs
+    except Exception as err:
         raise ValueError(f"unknown target {spec!r}; valid names: "
                          f"{', '.join([*preset_names(), 'llvm', 'cuda'])}") from err
     return Target(target, desc or for_target(target, gpu))

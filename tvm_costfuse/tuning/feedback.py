@@ -31,7 +31,6 @@ from tvm import relax
 
 from ..config import FusionConfig
 from ..cost.features import FEATURE_NAMES, group_features
-from .database import FAILED_RUN_SECS, GroupDatabase, default_work_dir, workload_hash
 from ..graph import OpGraph, build_graph
 from ..partition import apply_partition
 from ..pipelines import prepare
@@ -40,23 +39,18 @@ from ..schedules import rules
 from ..schedules.cuda import GuardedRule, gpu_rules
 from ..schedules.prepack import mark_constant_weights
 from ..targets import resolve
+from .database import FAILED_RUN_SECS, GroupDatabase, default_work_dir, workload_hash
+from .runners import (
+    MeasureConfig,
+    _gpu_present,
+    _Runner,
+    build_and_profile_cuda,
+    build_and_time,
+    build_and_time_rpc,
+)
 
 __all__ = ["MeasureConfig", "MeasureSummary", "build_and_profile_cuda", "candidate_groups",
            "group_kernel", "measure_model"]
-
-
-@dataclass(frozen=True)
-class MeasureConfig:
-    """How long to time each kernel. Small defaults: the 2 shared cores run others' jobs too."""
-
-    repeat: int = 3
-    number: int = 1
-    min_repeat_ms: int = 30
-    timeout_s: float = 120.0  # build + run of one kernel, worker start-up included
-    isolate: bool = True  # build and run in a worker process (timeouts, crashes survive)
-    # "host:port:key" of a TVM RPC tracker: build here, run on a server registered under key
-    # (e.g. another machine of the target kind); None runs on this machine.
-    rpc_tracker: str | None = None
 
 
 @dataclass
@@ -140,210 +134,6 @@ def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
 # A kernel under this long per call is timed as CHAIN calls in one VM function, per call =
 # total / CHAIN: the function's own entry and return are then paid once per chain, as a model
 # pays them once for all its kernels (what calibrate's launch figure measures the same way).
-CHAIN = 8
-CHAIN_BELOW_S = 1e-3
-
-
-def _compile_kernel(func_json: str, target_json: dict, n_out: int):
-    """(VM executable, PrimFunc) of one scheduled PrimFunc called from Relax functions
-    ``main`` (one call) and ``chain`` (:data:`CHAIN` independent calls). Timed through the VM,
-    a kernel pays what it pays inside a model -- dispatch, output allocation from the pooled
-    allocator, thread-pool wake-up -- so fused-vs-unfused comparisons see the per-kernel cost
-    that fusion saves."""
-    import tvm as _tvm  # worker process
-    from tvm import relax as _relax
-    from tvm.s_tir import meta_schedule as _ms
-
-    from tvm_costfuse.pipelines import build_pipeline
-
-    func = _tvm.ir.load_json(func_json)
-    try:
-        infos = _ms.arg_info.ArgInfo.from_prim_func(func)
-        if not 0 < n_out <= len(infos):
-            raise ValueError(f"{n_out} outputs of a kernel with {len(infos)} parameters")
-        types = [_relax.TensorType([int(d) for d in i.shape], str(i.dtype)) for i in infos]
-        outs = types[-n_out:]
-        bb = _relax.BlockBuilder()
-        kernel = bb.add_func(func.with_attr("global_symbol", "kernel"), "kernel")
-        for name, calls in (("main", 1), ("chain", CHAIN)):
-            params = [_relax.Var(f"arg{i}", t) for i, t in enumerate(types[:-n_out])]
-            with bb.function(name, params):
-                results = [bb.emit(_relax.call_tir(kernel, params, outs if n_out > 1 else outs[0]))
-                           for _ in range(calls)]
-                bb.emit_func_output(results[0] if calls == 1 else _relax.Tuple(results))
-        target = _tvm.target.Target(target_json)
-        mod = bb.get()
-        if target.kind.name == "cuda":
-            # The kernel is scheduled already: the pipeline's dlight rules skip it so marked.
-            mod["kernel"] = mod["kernel"].with_attr("tirx.is_scheduled", True)
-        # Fusing nothing, and on llvm no schedule pass either: the kernel comes scheduled.
-        return _tvm.compile(mod, target, relax_pipeline=build_pipeline(target)), func
-    except Exception as err:  # noqa: BLE001 -- any build error is a measured outcome
-        raise RuntimeError(f"build: {type(err).__name__}: {err}") from None
-
-
-def _time_on(vm, func, n_out: int, dev, number: int, repeat: int,
-             min_repeat_ms: int) -> list[float]:
-    """Random inputs of the buffer shapes on ``dev``, one warm-up call, then the timer (per
-    call: short kernels run as a chain of :data:`CHAIN` calls)."""
-    import time
-
-    import numpy as np
-    import tvm as _tvm  # worker process
-    from tvm.s_tir import meta_schedule as _ms
-
-    try:
-        rng = np.random.default_rng(0)
-        args = []
-        for info in _ms.arg_info.ArgInfo.from_prim_func(func)[:-n_out]:
-            shape = [int(d) for d in info.shape]
-            dtype = str(info.dtype)
-            value = (rng.standard_normal(shape).astype(dtype) if "float" in dtype
-                     else rng.integers(0, 2, shape).astype(dtype))
-            args.append(_tvm.runtime.tensor(value, dev))
-        start = time.perf_counter()
-        vm["main"](*args)  # warm-up (and a rough duration)
-        if dev.dlpack_device_type() == _tvm.cuda().dlpack_device_type():
-            # Launches are asynchronous and the first one loads the module: time a second,
-            # synchronized call instead.
-            dev.sync()
-            start = time.perf_counter()
-            vm["main"](*args)
-            dev.sync()
-        chain = time.perf_counter() - start < CHAIN_BELOW_S
-        name, calls = ("chain", CHAIN) if chain else ("main", 1)
-        if chain:
-            vm[name](*args)  # the chain's own warm-up
-        timer = vm.time_evaluator(name, dev, number=number, repeat=repeat,
-                                  min_repeat_ms=min_repeat_ms)
-        return [float(s) / calls for s in timer(*args).results]
-    except Exception as err:  # noqa: BLE001
-        raise RuntimeError(f"run: {type(err).__name__}: {err}") from None
-
-
-def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
-                   min_repeat_ms: int, n_out: int = 1) -> list[float]:
-    """Compile one scheduled PrimFunc into VM programs calling it and time it here (runs in
-    the worker process).
-
-    Raises RuntimeError whose message starts with ``build:`` or ``run:``.
-    """
-    import tvm as _tvm
-    from tvm import relax as _relax
-
-    ex, func = _compile_kernel(func_json, target_json, n_out)
-    dev = _tvm.cpu()
-    return _time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number, repeat,
-                    min_repeat_ms)
-
-
-def build_and_time_rpc(func_json: str, target_json: dict, number: int, repeat: int,
-                       min_repeat_ms: int, tracker: str, n_out: int = 1) -> list[float]:
-    """Compile here, run on an RPC server that a tracker (``host:port:key``) hands out."""
-    import os
-    import tempfile
-
-    from tvm import relax as _relax
-    from tvm import rpc
-
-    host, port, key = tracker.rsplit(":", 2)
-    ex, func = _compile_kernel(func_json, target_json, n_out)
-    try:
-        session = rpc.connect_tracker(host, int(port)).request(key, session_timeout=120)
-    except Exception as err:  # noqa: BLE001
-        raise RuntimeError(f"run: no RPC server for key {key!r} at {host}:{port}: {err}") from None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.so")
-        ex.export_library(path)
-        session.upload(path)
-    dev = session.cpu()
-    vm = _relax.VirtualMachine(session.load_module("kernel.so"), dev)
-    return _time_on(vm, func, n_out, dev, number, repeat, min_repeat_ms)
-
-
-def build_and_profile_cuda(func_json: str, target_json: dict, number: int, repeat: int,
-                           min_repeat_ms: int, n_out: int = 1) -> dict:
-    """Compile one scheduled PrimFunc for CUDA; ptxas resource usage always (``nvcc``), run
-    times on a GPU when one is present (runs in the worker process).
-
-    Returns ``{"run_secs", "ptxas": {"registers", "spill_bytes", "kernels"} or None}``, plus
-    ``ptxas_error`` when nvcc is missing or failed (the kernel is timed all the same),
-    ``not_timed`` and empty ``run_secs`` without a GPU, ``error`` and ``[1e10]`` when the run
-    failed. Raises RuntimeError (``build: ...``) when it does not compile.
-    """
-    import tvm as _tvm
-    from tvm import relax as _relax
-
-    from tvm_costfuse.measurement.registers import ptxas_report
-    from tvm_costfuse.measurement.cuda_source import cuda_source
-
-    ex, func = _compile_kernel(func_json, target_json, n_out)
-    arch = str(_tvm.target.Target(target_json).attrs.get("arch", "sm_90"))
-    out: dict = {}
-    try:
-        # nvcc -O3 as compare does. TVM builds the kernel it runs itself (nvrtc, fast
-        # math); whether its register allocation matches was not compared.
-        report = ptxas_report(cuda_source(ex), arch)
-        if not report:
-            raise RuntimeError("nvcc reported no kernel")
-        out["ptxas"] = {"registers": max(r.registers for r in report.values()),
-                        "spill_bytes": sum(r.spill_store_bytes + r.spill_load_bytes
-                                           for r in report.values()),
-                        "kernels": len(report)}
-    except Exception as err:  # noqa: BLE001 -- no nvcc, or nvcc rejected it: still time it
-        out["ptxas"], out["ptxas_error"] = None, f"{type(err).__name__}: {err}"[:500]
-    dev = _tvm.cuda()
-    if not dev.exist:
-        return {**out, "run_secs": [], "not_timed": "no GPU present"}
-    try:
-        out["run_secs"] = _time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number,
-                                   repeat, min_repeat_ms)
-    except RuntimeError as err:  # a failed run keeps what ptxas said
-        out["run_secs"], out["error"] = [1e10], str(err)[:500]
-    return out
-
-
-def _gpu_present() -> bool:
-    return bool(tvm.cuda().exist)
-
-
-class _Runner:
-    """Calls the build-and-time function (CPU, RPC or CUDA) in a worker process with a
-    timeout, or in-process."""
-
-    def __init__(self, config: MeasureConfig, fn: Callable = build_and_time) -> None:
-        self.config, self.fn, self.pool = config, fn, None
-        if config.isolate:
-            from tvm.support.popen_pool import PopenPoolExecutor
-
-            self.pool = PopenPoolExecutor(max_workers=1, timeout=config.timeout_s)
-
-    def __call__(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target, n_out: int = 1
-                 ) -> tuple[list[float], str | None, dict]:
-        """(run seconds, error or None, what else the worker measured: ``ptxas`` on CUDA)."""
-        c = self.config
-        args = (tvm.ir.save_json(func), target.export(), c.number, c.repeat, c.min_repeat_ms)
-        if c.rpc_tracker is not None:
-            args = (*args, c.rpc_tracker)
-        args = (*args, n_out)
-        try:
-            out = (self.fn(*args) if self.pool is None
-                   else self.pool.submit(self.fn, *args).result())
-        except TimeoutError:
-            return [FAILED_RUN_SECS], f"timeout: build + run exceeded {c.timeout_s} s", {}
-        except Exception as err:  # noqa: BLE001 -- worker crash, build or run error
-            message = str(err).strip().splitlines()
-            return [FAILED_RUN_SECS], (message[0] if message else type(err).__name__)[:500], {}
-        if isinstance(out, dict):
-            extra = {k: v for k, v in out.items() if k not in ("run_secs", "error")}
-            return list(out["run_secs"]), out.get("error"), extra
-        return out, None, {}
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-
-
 def feature_row(model: str, graph: OpGraph, members, features=None) -> dict:
     """The features part of a group's database row: the learned vector and its context
     (``features``: the group's, when the caller has computed them)."""

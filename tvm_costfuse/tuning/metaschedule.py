@@ -27,10 +27,10 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from .. import pipelines
-from ..strategies import fusion_pass
-from .database import target_dir as default_work_dir
 from ..pipelines import build_pipeline
 from ..schedules import schedule_pass
+from ..strategies import fusion_pass
+from .database import target_dir as default_work_dir
 
 __all__ = ["default_work_dir", "fuse", "tune_model", "tuned_pipeline"]
 
@@ -59,7 +59,7 @@ def fuse(mod: tvm.IRModule, target: tvm.target.Target | str, fusion: str = "tvm"
     ``fusion`` is a strategy name of :mod:`tvm_costfuse.strategies` other than ``stock``.
     """
     target = tvm.target.Target(target)
-    return passes.fuse(mod, target, fusion_pass(fusion, target))
+    return pipelines.fuse(mod, target, fusion_pass(fusion, target))
 
 
 def tune_model(
