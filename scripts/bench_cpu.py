@@ -28,10 +28,9 @@ from pathlib import Path
 
 import numpy as np
 import tvm
-from tvm import relax
 
 from tvm_costfuse import models
-from tvm_costfuse.measurement.timing import geomean, max_mismatch, run
+from tvm_costfuse.measurement.timing import geomean, interleave, max_mismatch, run, vm_sampler
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
 from tvm_costfuse.targets import host_target
 
@@ -45,32 +44,9 @@ except ImportError:  # torch is an optional extra
 
 # One timing sample lasts at least this long (back-to-back calls, averaged).
 _SAMPLE_MS = 50
-# Runs shorter than this get an untimed call before each sample (cache warm-up after a long run).
-_REWARM_BELOW_S = 0.2
 TORCH_THREADS = (1, 2)
 
-Sampler = Callable[[], float]
-
-
-def _tvm_sampler(ex: tvm.runtime.Executable, inputs) -> Sampler:
-    """One sample = one ``time_evaluator`` batch of >= _SAMPLE_MS, as measure.interleaved_medians."""
-    dev = tvm.cpu()
-    vm = relax.VirtualMachine(ex, dev)
-    args = [tvm.runtime.tensor(v, dev) for v in inputs.values()]
-    timer = vm.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=_SAMPLE_MS)
-    start = time.perf_counter()
-    vm["main"](*args)
-    rewarm = time.perf_counter() - start < _REWARM_BELOW_S
-
-    def sample() -> float:
-        if rewarm:
-            vm["main"](*args)
-        return float(timer(*args).mean)
-
-    return sample
-
-
-def _torch_sampler(fn: Callable, threads: int) -> Sampler:
+def _torch_sampler(fn: Callable, threads: int) -> Callable[[], float]:
     """One sample = mean of back-to-back eager calls over >= _SAMPLE_MS at ``threads`` threads."""
 
     def sample() -> float:
@@ -86,16 +62,6 @@ def _torch_sampler(fn: Callable, threads: int) -> Sampler:
                     return elapsed / calls
 
     return sample
-
-
-def _interleaved(samplers: dict[str, list[Sampler]], repeat: int) -> dict[str, float]:
-    """Median per variant over ``repeat`` rounds of all its samplers (builds); each round
-    samples every build of every variant once."""
-    samples: dict[str, list[float]] = {k: [] for k in samplers}
-    for _ in range(repeat):
-        for k, builds in samplers.items():
-            samples[k] += [sample() for sample in builds]
-    return {k: float(np.median(v)) for k, v in samples.items()}
 
 
 def _ratio_line(times: dict[str, list[float]], num: str, den: str) -> str:
@@ -153,7 +119,8 @@ def main() -> None:
                      for _ in range(args.builds)] for k, p in pipelines.items()}
         ref = run(built[columns[0]][0], inputs)
         err = max(max_mismatch(ref, run(ex, inputs)) for exs in built.values() for ex in exs)
-        samplers = {k: [_tvm_sampler(ex, inputs) for ex in exs] for k, exs in built.items()}
+        samplers = {k: [vm_sampler(ex, inputs, min_ms=_SAMPLE_MS) for ex in exs]
+                    for k, exs in built.items()}
         torch_err = math.nan
         if with_torch:
             fn, _ = torch_zoo.load(name, small=args.small)
@@ -161,7 +128,7 @@ def main() -> None:
                 torch_err = max_mismatch(ref, [fn().numpy()])
             for n in TORCH_THREADS:
                 samplers[f"torch{n}"] = [_torch_sampler(fn, n)]
-        t = _interleaved(samplers, args.repeat)
+        t = {k: float(np.median(v)) for k, v in interleave(samplers, args.repeat).items()}
         for c in columns:
             times[c].append(t[c])
         print(

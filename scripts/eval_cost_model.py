@@ -25,12 +25,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
 from scipy.stats import kendalltau
 
 from tvm_costfuse import models
 from tvm_costfuse.cost.analytical import estimate
-from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _features_of, train, train_rows
+from tvm_costfuse.cost.learned import (
+    FALLBACK_CONFIDENCE,
+    _features_of,
+    measured_seconds,
+    train,
+    train_rows,
+)
 from tvm_costfuse.cost.measured import MeasuredModel
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.pipelines import prepare
@@ -74,10 +79,6 @@ def _refeature(args) -> None:
     print(f"recomputed the features of {len(rows)} rows of {len(graphs)} models")
 
 
-def _median(row: dict) -> float:
-    return float(np.median(row["run_secs"]))
-
-
 def _pairs(rows: list[dict]) -> list[tuple[dict, dict, dict]]:
     """(left, right, union) triples among one model's measured groups: every split of a
     measured group into two measured groups (the planner's decisions, reconstructed)."""
@@ -96,10 +97,10 @@ def _pairs(rows: list[dict]) -> list[tuple[dict, dict, dict]]:
 def _scores(rows, pred: dict[int, float]) -> tuple[float, float, int, float]:
     """(Kendall tau over groups, decision accuracy over pairs, pairs, share measured fused);
     ``pred`` maps id(row) to the predicted seconds."""
-    tau = kendalltau([_median(r) for r in rows], [pred[id(r)] for r in rows]).statistic
+    tau = kendalltau([measured_seconds(r) for r in rows], [pred[id(r)] for r in rows]).statistic
     pairs = _pairs(rows)
     hits = sum(_right(q, pred) for q in pairs)
-    fused = sum(_median(u) < _median(a) + _median(b) for a, b, u in pairs)
+    fused = sum(measured_seconds(u) < measured_seconds(a) + measured_seconds(b) for a, b, u in pairs)
     n = len(pairs)
     return tau, hits / n if n else float("nan"), n, fused / n if n else float("nan")
 
@@ -130,7 +131,7 @@ def _score_rows(label: str, group: list[dict], model, desc, measured) -> tuple:
 def _right(pair: tuple[dict, dict, dict], pred: dict[int, float]) -> bool:
     """Whether ``pred`` decides fuse / keep apart as the measured medians do."""
     a, b, u = pair
-    return (_median(u) < _median(a) + _median(b)) == (pred[id(u)] < pred[id(a)] + pred[id(b)])
+    return (measured_seconds(u) < measured_seconds(a) + measured_seconds(b)) == (pred[id(u)] < pred[id(a)] + pred[id(b)])
 
 
 def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_records: int
@@ -158,7 +159,7 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_rec
                 hits_a += acc_a * n
                 hits_l += acc_l * n
                 hits_m += acc_m * n
-            meas += [_median(r) for r in group]
+            meas += [measured_seconds(r) for r in group]
             all_a += a
             all_l += lrn
     print("-" * len(head))

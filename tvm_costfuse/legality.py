@@ -28,6 +28,20 @@ class Verdict:
 OK = Verdict(True)
 
 
+def within_caps(n_ops: int, chain_length: int, config, n_args: int = 0) -> Verdict:
+    """The config's size caps: ``max_body_ops``, ``max_chain_length``, ``max_args``. The
+    pattern rules (``rules.py``) check their groups here too, without a target."""
+    if n_ops > config.max_body_ops:
+        return Verdict(False, f"{n_ops} ops > max_body_ops {config.max_body_ops}")
+    if chain_length > config.max_chain_length:
+        return Verdict(
+            False, f"chain of {chain_length} ops > max_chain_length {config.max_chain_length}"
+        )
+    if n_args > config.max_args:
+        return Verdict(False, f"{n_args} kernel arguments > max_args {config.max_args}")
+    return OK
+
+
 def can_fuse(graph: OpGraph, members: Iterable[str], f: GroupFeatures, config, target) -> Verdict:
     """Check the group against fusability, dataflow blocks and the config's caps.
 
@@ -40,14 +54,9 @@ def can_fuse(graph: OpGraph, members: Iterable[str], f: GroupFeatures, config, t
             return Verdict(False, f"{name!r} cannot be fused: {graph[name].why_not_fusable}")
     if len({graph[n].block for n in members}) > 1:
         return Verdict(False, "the bindings sit in different dataflow blocks")
-    if f.n_ops > config.max_body_ops:
-        return Verdict(False, f"{f.n_ops} ops > max_body_ops {config.max_body_ops}")
-    if f.chain_length > config.max_chain_length:
-        return Verdict(
-            False, f"chain of {f.chain_length} ops > max_chain_length {config.max_chain_length}"
-        )
-    if f.n_args > config.max_args:
-        return Verdict(False, f"{f.n_args} kernel arguments > max_args {config.max_args}")
+    caps = within_caps(f.n_ops, f.chain_length, config, f.n_args)
+    if not caps:
+        return caps
     regs, _ = registers(f, target)
     if target.kind == "cuda" and regs > config.register_budget:
         return Verdict(

@@ -14,7 +14,7 @@ half-rewritten module.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import tvm
 from tvm import relax
@@ -190,6 +190,18 @@ def apply_partition(
     new_func = fusor.visit_expr(mod[func_name])
     fusor.builder_.update_func(gvar, new_func)
     return fusor.builder_.get()
+
+
+def apply_per_function(
+    mod: tvm.IRModule, groups_of: Callable[[tvm.IRModule, str], Sequence[Sequence[str]]]
+) -> tvm.IRModule:
+    """Apply ``groups_of(mod, name)`` to every Relax function of ``mod`` a fusion pass
+    rewrites: all but the grouped (``Primitive``) functions, in module order."""
+    for gvar, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function) or "Primitive" in (func.attrs or {}):
+            continue
+        mod = apply_partition(mod, groups_of(mod, gvar.name_hint), gvar.name_hint)
+    return mod
 
 
 def ApplyPartition(groups: Sequence[Sequence[str]], func_name: str = "main") -> tvm.transform.Pass:

@@ -31,12 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax
 
 from .config import FusionConfig, register_config_keys
 from .cost.features import op_class
 from .graph import Node, OpGraph, build_graph
-from .partition import apply_partition, resolve_groups
+from .legality import within_caps
+from .partition import apply_per_function, resolve_groups
 from .planner import initial_units
 
 
@@ -129,7 +129,7 @@ def rules_groups(graph: OpGraph, config: FusionConfig | None = None) -> list[lis
                 ops = sum(1 for n in g.members if graph[n].kind == "call_tir") + 1
                 chain = 1 + max(depth.get(q, 0) for q in graph.producers(node.name)
                                 if group_of.get(q) == gid)
-                if ops > config.max_body_ops or chain > config.max_chain_length:
+                if not within_caps(ops, chain, config):
                     continue
                 if _reaches(succ, gid, outside - {gid}):
                     continue  # another input depends on this group: joining makes a cycle
@@ -164,9 +164,5 @@ class RulesFuse:
         config = FusionConfig.resolve(
             max_chain_length=self.max_chain_length, max_body_ops=self.max_body_ops
         )
-        for gvar, func in list(mod.functions.items()):
-            if not isinstance(func, relax.Function) or "Primitive" in (func.attrs or {}):
-                continue
-            groups = rules_groups(build_graph(mod, gvar.name_hint), config)
-            mod = apply_partition(mod, groups, gvar.name_hint)
-        return mod
+        return apply_per_function(
+            mod, lambda m, name: rules_groups(build_graph(m, name), config))

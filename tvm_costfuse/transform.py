@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tvm
-from tvm import relax
 
 from .config import FusionConfig, register_config_keys
 from .graph import build_graph
-from .partition import apply_partition, fuseops_groups
+from .partition import apply_per_function, fuseops_groups
 from .planner import FusionPlan, plan_exact, plan_greedy
 from .targets import Target, TargetDesc, preset, preset_names, resolve
 
@@ -111,10 +110,9 @@ class CostFuse:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         config = self.config()
         target = self.describe_target(config)
-        for gvar, func in list(mod.functions.items()):
-            if not isinstance(func, relax.Function) or "Primitive" in (func.attrs or {}):
-                continue
-            plan = plan_module(mod, target, config, gvar.name_hint)
-            self.plans[gvar.name_hint] = plan
-            mod = apply_partition(mod, plan.groups, gvar.name_hint)
-        return mod
+
+        def groups(m: tvm.IRModule, name: str):
+            self.plans[name] = plan_module(m, target, config, name)
+            return self.plans[name].groups
+
+        return apply_per_function(mod, groups)

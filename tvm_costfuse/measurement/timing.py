@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tvm
@@ -97,39 +97,57 @@ def interleaved_medians(
     return {k: float(np.median(x)) for k, x in samples.items()}
 
 
+Sampler = Callable[[], float]
+
+
+def vm_sampler(ex: tvm.runtime.Executable, inputs: Mapping[str, np.ndarray], device=None,
+               min_ms: int = 50) -> Sampler:
+    """A callable taking one timing sample (seconds per call) of ``ex``'s ``main``: one
+    ``time_evaluator`` batch of >= ``min_ms`` ms of back-to-back calls, averaged.
+
+    A variant faster than ``_REWARM_BELOW_S`` gets one untimed call before each sample:
+    otherwise the variant timed right after a long one pays for the caches that run flushed
+    (seen as a steady 9% penalty).
+    """
+    device = device or tvm.cpu()
+    vm = relax.VirtualMachine(ex, device)
+    args = [tvm.runtime.tensor(v, device) for v in inputs.values()]
+    timer = vm.time_evaluator("main", device, number=1, repeat=1, min_repeat_ms=min_ms)
+    start = time.perf_counter()
+    vm["main"](*args)
+    rewarm = time.perf_counter() - start < _REWARM_BELOW_S
+
+    def sample() -> float:
+        if rewarm:
+            vm["main"](*args)
+        return float(timer(*args).mean)
+
+    return sample
+
+
+def interleave(samplers: Mapping[str, Sampler | Sequence[Sampler]], repeat: int
+               ) -> dict[str, list[float]]:
+    """``repeat`` rounds; each round samples every sampler of every variant once, so the drift
+    of a shared machine hits all variants alike. A variant may have several samplers (builds,
+    or peers such as PyTorch); all their samples are its."""
+    groups = {k: list(v) if isinstance(v, Sequence) else [v] for k, v in samplers.items()}
+    samples: dict[str, list[float]] = {k: [] for k in groups}
+    for _ in range(repeat):
+        for k, group in groups.items():
+            samples[k] += [sample() for sample in group]
+    return samples
+
+
 def interleaved_samples(
     executables: Mapping[str, tvm.runtime.Executable],
     inputs: Mapping[str, np.ndarray],
     repeat: int = 7,
     device=None,
 ) -> dict[str, list[float]]:
-    """``repeat`` samples (seconds) per variant, measured side by side: rounds alternate
-    between variants so the drift of a shared machine hits all alike.
-
-    Each round takes one ``time_evaluator`` sample per variant (>= 50 ms of back-to-back calls,
-    averaged). A variant faster than ``_REWARM_BELOW_S`` gets one untimed call before each
-    sample: otherwise the variant timed right after a long one pays for the caches that run
-    flushed (seen as a steady 9% penalty).
-    """
-    device = device or tvm.cpu()
-    vms = {k: relax.VirtualMachine(ex, device) for k, ex in executables.items()}
-    args = [tvm.runtime.tensor(v, device) for v in inputs.values()]
-    timers = {
-        k: vm.time_evaluator("main", device, number=1, repeat=1, min_repeat_ms=50)
-        for k, vm in vms.items()
-    }
-    rewarm = {}
-    for k, vm in vms.items():
-        start = time.perf_counter()
-        vm["main"](*args)
-        rewarm[k] = time.perf_counter() - start < _REWARM_BELOW_S
-    samples: dict[str, list[float]] = {k: [] for k in vms}
-    for _ in range(repeat):
-        for k, timer in timers.items():
-            if rewarm[k]:
-                vms[k]["main"](*args)
-            samples[k].append(float(timer(*args).mean))
-    return samples
+    """``repeat`` samples (seconds) per executable, measured side by side (:func:`interleave`
+    of :func:`vm_sampler`)."""
+    return interleave({k: vm_sampler(ex, inputs, device) for k, ex in executables.items()},
+                      repeat)
 
 
 def max_mismatch(
