@@ -28,7 +28,7 @@ def schedule_pass(target: Target, prepack: bool = True) -> tvm.transform.Pass:
     Around it, constant contraction weights are marked and then packed tile-major at compile
     time (``prepack``). The marking comes after any tuned schedules were applied (they match
     their database records by the unmarked PrimFunc) and the rules skip scheduled PrimFuncs.
-    ``prepack=False`` leaves every weight in its own layout (``scripts/prepack_effect.py``).
+    ``prepack=False`` leaves every weight in its own layout (``scripts/research/prepack_effect.py``).
     """
     if not prepack:
         return dl.ApplyDefaultSchedule(*rules())

@@ -37,11 +37,9 @@ from tvm_costfuse.cost.learned import (
     train_rows,
 )
 from tvm_costfuse.cost.measured import MeasuredModel
-from tvm_costfuse.graph import build_graph
-from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
-from tvm_costfuse.tuning.feedback import MeasureConfig, feature_row, measure_model
+from tvm_costfuse.tuning.feedback import MeasureConfig, measure_model, refeature
 
 
 def _measure(args) -> None:
@@ -66,17 +64,8 @@ def _measure(args) -> None:
 
 
 def _refeature(args) -> None:
-    target = host_target()
-    db = GroupDatabase(args.work_dir or default_work_dir(target))
-    graphs = {}
-    rows = []
-    for row in db.rows():
-        model = row["model"]
-        if model not in graphs:
-            graphs[model] = build_graph(prepare(models.load_variant(model)[0], target))
-        rows.append({**row, **feature_row(model, graphs[model], row["members"])})
-    db.rewrite_rows(rows)
-    print(f"recomputed the features of {len(rows)} rows of {len(graphs)} models")
+    rows, n_models = refeature(args.work_dir)
+    print(f"recomputed the features of {rows} rows of {n_models} models")
 
 
 def _pairs(rows: list[dict]) -> list[tuple[dict, dict, dict]]:

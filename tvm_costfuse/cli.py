@@ -172,6 +172,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_refeature(args: argparse.Namespace) -> int:
+    from .tuning.feedback import refeature
+
+    rows, n_models = refeature(args.work_dir, args.target)
+    print(f"recomputed the features of {rows} rows of {n_models} models")
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .measurement.calibrate import main as calibrate_main
 
@@ -235,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT:KEY",
                       help="run the kernels on an RPC server from this TVM tracker")
     tune.set_defaults(func=cmd_tune)
+    ref = sub.add_parser("refeature", help="recompute the features of recorded groups (after "
+                         "the feature schema grew), keeping their timings")
+    ref.add_argument("--target", default="host", choices=preset_names())
+    ref.add_argument("--work-dir", default=None, help="default tuning_logs/<target>/groups")
+    ref.set_defaults(func=cmd_refeature)
     cal = sub.add_parser("calibrate", help="measure this host's bandwidth, FLOP/s and launch cost")
     cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
     cal.add_argument("--cores", type=int, default=None, help="threads (default: affinity)")

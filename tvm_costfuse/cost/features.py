@@ -127,7 +127,7 @@ class GroupFeatures:
         if missing and not _warned_missing.intersection(missing):
             _warned_missing.update(missing)
             _log.warning("a stored row predates the feature fields %s (defaults used; "
-                         "`python scripts/eval_cost_model.py refeature` recomputes them)",
+                         "`costfuse refeature` recomputes them)",
                          ", ".join(missing))
         values = {}
         for f in fields(cls):
@@ -183,7 +183,7 @@ class GroupFeatures:
         - CPU: our row-reduction rule needs every block on the rows of the last one, so a
           reduction group that hands out a second tensor (an elementwise member read outside
           the group besides the reduced result) or transposes after its reduction falls back
-          (a reshape keeps the rows): ``scripts/check_reduction_class.py`` applies the rules
+          (a reshape keeps the rows): applying the rules
           to the 150 measured reduction groups of the zoo and the synthetic programs (49 fell
           back, 101 took the rule, no disagreement; synth-0's ``mul + mul1 + square1 + mean1``
           measured 2.6x slower fused than its parts); ``tests/test_features.py`` repeats the

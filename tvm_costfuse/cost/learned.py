@@ -15,7 +15,7 @@ per reason: never silently.
 Why "near a measured group": leave one architecture out, the trees beat the analytical model on
 the held-out groups that another architecture measured (workloads recur: bert_layer and
 gpt2_block share projections) and lose to it on the others, at every depth and regularization
-tried (``scripts/learned_variants.py``, "coverage radius"). So the trees answer only within
+tried (``scripts/research/learned_variants.py``, "coverage radius"). So the trees answer only within
 ``NEAR`` of a training row -- where they have data -- and grow deep enough to reproduce what was
 measured there; everywhere else the analytical model answers, and the report says how often.
 """
@@ -283,8 +283,8 @@ def _architecture(model: str) -> str:
 def _architecture_weights(rows: Sequence[dict]) -> np.ndarray:
     """One unit of weight per architecture (``name@small`` and ``name`` are one), spread over
     its usable rows: a convnet with 50 blocks would otherwise outvote every other model, and
-    what the trees learn must carry to the next architecture (session 2, leave one model out:
-    0.84 -> 0.86 decision accuracy)."""
+    what the trees learn must carry to the next architecture (leave one model out:
+    0.84 -> 0.86 decision accuracy, docs/benchmarks.md)."""
     arch = [_architecture(r["model"]) for r in filter(_usable, rows)]
     counts = Counter(arch)
     w = np.asarray([1.0 / counts[a] for a in arch])
@@ -326,7 +326,7 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     programs (``synth-<seed>``) are left out unless ``synthetic``: they are the evaluation's
     unseen programs, and training on them lowered the learned model's accuracy on held-out
     synthetic programs (0.74-0.81 against 0.81 without) and left it below the analytical
-    model on the zoo (sessions 3-4, shallow trees answering everywhere; docs/benchmarks.md).
+    model on the zoo (shallow trees answering everywhere; docs/benchmarks.md).
     """
     from ..models.synthetic import is_synthetic
     from ..targets import host

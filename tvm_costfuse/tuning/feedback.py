@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from .. import models
 from ..config import FusionConfig
 from ..cost.features import FEATURE_NAMES, group_features
 from ..graph import OpGraph, build_graph
@@ -255,3 +256,23 @@ def measure_model(
         runner.close()
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def refeature(work_dir=None, target=None) -> tuple[int, int]:
+    """Recompute the features of every recorded group from its model, keeping the timings.
+
+    What to run when the feature schema grew (``GroupFeatures.from_row`` warns about rows
+    without the new fields): the models are rebuilt by name (``models.load_variant``).
+    Returns (rows, models).
+    """
+    resolved = resolve(target or "host")
+    db = GroupDatabase(work_dir or default_work_dir(resolved.tvm))
+    graphs: dict[str, OpGraph] = {}
+    rows = []
+    for row in db.rows():
+        model = row["model"]
+        if model not in graphs:
+            graphs[model] = build_graph(prepare(models.load_variant(model)[0], resolved.tvm))
+        rows.append({**row, **feature_row(model, graphs[model], row["members"])})
+    db.rewrite_rows(rows)
+    return len(rows), len(graphs)

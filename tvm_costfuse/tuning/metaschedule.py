@@ -1,4 +1,4 @@
-"""Meta-schedule tuning for fused kernels, with our CPU rules as the fallback (issue 3).
+"""Meta-schedule tuning for fused kernels, with our CPU rules as the fallback.
 
 Two steps, run in this order:
 

@@ -1,9 +1,9 @@
-"""Variants of the learned cost model tried against the analytical one (issue 5), on the same
+"""Variants of the learned cost model tried against the analytical one, on the same
 measured rows and the same decision-accuracy metric as ``eval_cost_model.py evaluate``.
 
 Two held-out sets: each zoo architecture in turn (small and full variants together), and each
 synthetic program in turn. Variants (XGBoost at the shallow hyper-parameters the learned model
-had before session 5, analytical log time as the base margin):
+had before the coverage radius, analytical log time as the base margin):
 
 - ``regression``: that model (squared error on log kernel time, every input);
 - ``terms``: the same on the analytical terms, schedule class and ratios only (no raw sizes,
@@ -15,7 +15,7 @@ had before session 5, analytical log time as the base margin):
 each trained on the zoo only, or with the synthetic programs too (``+synth``; every synthetic
 program weighted as one architecture, or all of them as one).
 
-Then, zoo only (session 4), what else could carry to a held-out architecture:
+Then, zoo only, what else could carry to a held-out architecture:
 
 - ``regression, loose``: that model with little regularization (lambda 1, depth 6,
   200 rounds): can the trees simply learn more?
@@ -28,18 +28,18 @@ Then, zoo only (session 4), what else could carry to a held-out architecture:
   (same workload hash) takes that measured time; the others keep the analytical (or the
   shallow learned) estimate.
 
-Session 5, "coverage radius": the trees answer a held-out group only where some training group
+The "coverage radius": the trees answer a held-out group only where some training group
 lies within a radius on every feature (log1p units), the analytical model elsewhere; three tree
 settings (the session-2 shallow point, a looser one, the committed deep one) at radii 0.05, 0.2,
 0.5 and unbounded. Shows where the trees carry (near measured workloads) and where they do not.
 
-Session 5, "per-store features": meta-schedule's ``PerStoreFeature`` of each measured kernel
+The "per-store features": meta-schedule's ``PerStoreFeature`` of each measured kernel
 (its workload and our rules' trace, replayed from the TVM ``JSONDatabase``; per kernel the
 maximum and mean over stores and log1p of the store count) added to the inputs, or in place of
 the raw features (keeping the analytical log time), each at radii 0.05, 0.5 and unbounded. The
 held-out kernels' own schedules are given, which a planner weighing a candidate would not have.
 
-    TVM_COSTFUSE_CALIBRATION=none python scripts/learned_variants.py [coverage | perstore]
+    TVM_COSTFUSE_CALIBRATION=none python scripts/research/learned_variants.py [coverage | perstore]
 
 (``coverage`` or ``perstore``: that table alone; ``perstore`` needs the database files.)
 """
@@ -59,11 +59,11 @@ from tvm_costfuse.cost import learned
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval_cost_model import _median, _pairs
 
 PAIR_SCALE = 0.1  # weight of the per-kernel term in the pairwise objective
-# The learned model's trees before the coverage radius (sessions 2-4), which the variants
+# The learned model's trees before the coverage radius , which the variants
 # below were scored with; and a looser setting.
 _SHALLOW = {**learned._PARAMS, "max_depth": 3, "eta": 0.08, "min_child_weight": 10.0,
             "reg_lambda": 20.0}
