@@ -259,7 +259,7 @@ def test_horizontal_pair_through_producer() -> None:
 class SymbolicBefore:
     @R.function
     def main(x: R.Tensor(("n", 16), "float32")) -> R.Tensor(("n", 16), "float32"):
-        n = T.int64()
+        n = T.int64()  # noqa: F841 -- declares the shape variable for TVMScript
         with R.dataflow():
             a = R.add(x, x)
             b = R.exp(a)

@@ -68,7 +68,7 @@ def test_trained_model_predicts_near_its_data_and_round_trips(tmp_path):
         want = estimate(f, TARGET).seconds * 3.0 * (1 + 0.5 * f.n_ops)
         assert abs(math.log(e.seconds / want)) < math.log(1.25)
     model.save(tmp_path)
-    again = learned.load_model(TARGET, tmp_path)
+    again = learned.load_learned(TARGET, tmp_path)
     assert [again(f, TARGET).seconds for f in queries] == [e.seconds for e in ests]
     assert again.near == learned.NEAR and len(again.points) == len(model.points) == 120
 
@@ -98,14 +98,14 @@ def test_model_saved_without_coverage_points_is_not_used(tmp_path, caplog):
     model.save(tmp_path)
     (tmp_path / learned.POINTS_FILE).unlink()
     with caplog.at_level(logging.WARNING):
-        again = learned.load_model(TARGET, tmp_path)
+        again = learned.load_learned(TARGET, tmp_path)
     assert not again.usable and "predates the coverage radius; retrain it" in caplog.text
     # With its measurements beside it, the stale model is replaced by one trained in memory.
     (tmp_path / "features.jsonl").write_text("".join(
         json.dumps({**r, "workload_hash": str(i)}) + "\n" for i, r in enumerate(rows)))
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        fresh = learned.load_model(TARGET, tmp_path)
+        fresh = learned.load_learned(TARGET, tmp_path)
     assert fresh.usable and fresh.n_records == 60 and "training one in memory" in caplog.text
     assert not (tmp_path / learned.POINTS_FILE).exists()  # nothing written
     f = _row_features(rows[0])
@@ -132,7 +132,7 @@ def test_features_far_outside_training_range_fall_back():
 
 
 def test_no_data_at_all_plans_analytically(tmp_path):
-    model = learned.load_model(TARGET, tmp_path / "empty")
+    model = learned.load_learned(TARGET, tmp_path / "empty")
     graph = build_graph(prepared("mlp_gelu")[0])
     plan = plan_greedy(graph, TARGET, FusionConfig(), model)
     want = plan_greedy(graph, TARGET, FusionConfig())

@@ -18,15 +18,19 @@ from tvm_costfuse.schedules import (
     Contraction,
     Fallback,
     RowReduction,
-    host_target,
     rules,
     schedule_pass,
 )
 
 from tvm_costfuse.measurement.timing import max_mismatch, run
 from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.targets import host_target
 
+# Kernels that run use this host's ISA; structural checks use explicit ISAs instead, so they
+# hold on any x86-64 host (AMD or Intel, AVX2 or AVX-512).
 TARGET = host_target(2)
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -51,8 +55,8 @@ def _block_names(func: tirx.PrimFunc) -> set[str]:
     return names
 
 
-def _scheduled(rule, func) -> tirx.PrimFunc:
-    sch = rule.apply(func, TARGET, False)
+def _scheduled(rule, func, target=AVX512) -> tirx.PrimFunc:
+    sch = rule.apply(func, target, False)
     assert sch is not None, f"{type(rule).__name__} did not apply"
     return sch.mod["main"]
 
@@ -188,10 +192,28 @@ def test_costly_producer_read_twice_is_not_inlined():
     assert _block_names(_scheduled(Fallback(), square_of_exp)) == {"root", "b", "c"}
 
 
-def test_rules_decline_what_they_do_not_match():
-    assert Contraction().apply(softmax, TARGET, False) is None
-    assert Contraction().apply(elementwise_chain, TARGET, False) is None
-    assert RowReduction().apply(elementwise_chain, TARGET, False) is None
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_rules_decline_what_they_do_not_match(target):
+    assert Contraction().apply(softmax, target, False) is None
+    assert Contraction().apply(elementwise_chain, target, False) is None
+    assert RowReduction().apply(elementwise_chain, target, False) is None
+
+
+@pytest.mark.parametrize(("target", "lanes", "registers"), [(AVX2, 8, 16), (AVX512, 16, 32)],
+                         ids=["avx2", "avx512"])
+def test_vector_width_and_registers_follow_the_target_isa(target, lanes, registers):
+    """Tiles are sized from the target's own ISA, not from the machine compiling it."""
+    from tvm_costfuse.targets import isa
+
+    assert isa.vector_lanes(target, "float32") == lanes
+    assert isa.vector_registers(target) == registers
+    for rule, func in ((Fallback(), elementwise_chain), (Contraction(), matmul_bias_relu)):
+        vec = [lp for lp in _loops(_scheduled(rule, func, target))
+               if lp.kind == tirx.ForKind.VECTORIZED]
+        assert vec and all(int(lp.extent) % lanes == 0 for lp in vec), type(rule).__name__
+    fallback = _scheduled(Fallback(), elementwise_chain, target)
+    assert max(int(lp.extent) for lp in _loops(fallback)
+               if lp.kind == tirx.ForKind.VECTORIZED) <= 8 * lanes
 
 
 def test_schedule_pass_marks_every_kernel_scheduled():

@@ -2,30 +2,41 @@
 
 Stages, in the order a module flows through them:
 
-- ``zoo``       -- example models (Relax, built with ``relax.frontend.nn``) and frontends.
-- ``passes``    -- TVM's pass sequence with the fusion step swappable; ``prepare`` runs the
-                   passes before fusion.
-- ``graph``     -- ``OpGraph``: a read-only view of the bindings a fusion plan groups.
-- ``targets``   -- target descriptions (H100, H200, A100, this host); ``calibrate`` measures it.
-- ``cost``      -- group features and the analytical cost model.
-- ``legality``  -- ``can_fuse``: may a group share a kernel under the config's caps.
-- ``planner``   -- greedy priority fusion (and exact search on small graphs) over the model.
-- ``partition`` -- ``apply_partition``: any legal grouping -> FuseOps-style grouped functions.
-- ``transform`` -- the ``CostFuse`` pass in FuseOps' place; ``config`` holds its knobs.
-- ``schedules`` -- LLVM-CPU and CUDA schedules for the fused kernels (``schedules/``).
-- ``measure``   -- build and run on the Relax VM, numerics and timings; ``registers``:
-                   ptxas / x86 spill ground truth.
-- ``cli``       -- the ``costfuse`` command.
+- ``models``     -- every workload by name: the zoo, synthetic programs, PyTorch/ONNX files.
+- ``pipelines``  -- TVM's backend pass sequence with the fusion step swappable (llvm and cuda);
+                    ``prepare`` runs the passes before fusion.
+- ``graph``      -- ``OpGraph``: a read-only view of the bindings a fusion plan groups.
+- ``targets``    -- one resolver: a preset name, a tvm Target or a description -> ``Target``
+                    (what to compile for and what to price with).
+- ``cost``       -- group features, the analytical, learned and measured cost models.
+- ``legality``   -- ``can_fuse``: may a group share a kernel under the config's caps.
+- ``planner``    -- greedy priority fusion (and exact search on small graphs) over the model.
+- ``partition``  -- ``apply_partition``: any legal grouping -> FuseOps-style grouped functions
+                    (the rewrite itself in ``fusor``).
+- ``transform``  -- the ``CostFuse`` pass in FuseOps' place; ``config`` holds its knobs.
+- ``strategies`` -- none / FuseOps / pattern rules / CostFuse as whole pipelines.
+- ``schedules``  -- LLVM-CPU and CUDA schedule rules for the fused kernels (``schedules/``).
+- ``measurement``, ``tuning``, ``report`` -- ground truth, the feedback loop, explain/compare.
+- ``cli``        -- the ``costfuse`` command.
+
+Where a newcomer adds things: a cost term goes in ``cost/analytical.py`` and the shared feature
+schema (``cost/features.py``), which the learned model reads; a schedule rule goes in
+``schedules/`` with its class in ``schedules/classes.py`` (both cost models table by it); a
+target is a preset in ``targets/desc.py``; a model or a frontend goes in ``models/``.
 
 Importing the package registers the ``costfuse.*`` PassContext keys and the named pipeline
 ``"costfuse"``.
 """
 
+from . import models
 from .config import FusionConfig, register_config_keys
 from .graph import OpGraph, build_graph
+from .models import load_exported, load_onnx, load_torch
 from .partition import ApplyPartition, PartitionError, apply_partition, fuseops_groups
-from .pipelines import pipeline, register_named_pipeline
+from .pipelines import build_pipeline, pipeline, prepare, register_named_pipeline
 from .planner import FusionPlan, plan_exact, plan_greedy
+from .strategies import strategy_pipeline
+from .targets import Target, host_target, resolve
 from .transform import CostFuse
 
 register_config_keys()
@@ -38,10 +49,20 @@ __all__ = [
     "FusionPlan",
     "OpGraph",
     "PartitionError",
+    "Target",
     "apply_partition",
     "build_graph",
+    "build_pipeline",
     "fuseops_groups",
+    "host_target",
+    "load_exported",
+    "load_onnx",
+    "load_torch",
+    "models",
     "pipeline",
     "plan_exact",
     "plan_greedy",
+    "prepare",
+    "resolve",
+    "strategy_pipeline",
 ]

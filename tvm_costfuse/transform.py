@@ -40,9 +40,9 @@ def plan_module(
         frozen = [g for g in fuseops_groups(mod, func_name) if skip & set(g)]
     model = None
     if config.cost_model == "xgb":
-        from .cost.learned import load_model
+        from .cost.learned import load_learned
 
-        model = load_model(target)
+        model = load_learned(target)
     elif config.cost_model == "measured":
         from .cost.measured import load_measured
 

@@ -36,7 +36,7 @@ from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
 from .features import FEATURE_NAMES, GroupFeatures
 
-__all__ = ["NEAR", "LearnedModel", "load_model", "model_path", "rows_to_dataset", "train",
+__all__ = ["NEAR", "LearnedModel", "load_learned", "model_path", "rows_to_dataset", "train",
            "train_rows"]
 
 _log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class LearnedModel:
     @classmethod
     def load(cls, work_dir: str | Path) -> LearnedModel:
         """The saved model; an unusable one (answering analytically) if it is stale, with a
-        warning (``load_model`` retrains a stale model in memory instead). The coverage radius
+        warning (``load_learned`` retrains a stale model in memory instead). The coverage radius
         is the one the model was saved with."""
         import xgboost as xgb
 
@@ -341,7 +341,7 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     return model
 
 
-def load_model(target, work_dir: str | Path | None = None) -> LearnedModel:
+def load_learned(target, work_dir: str | Path | None = None) -> LearnedModel:
     """The learned model for ``target`` (a TargetDesc), as a callable like
     ``analytical.estimate``.
 

@@ -44,9 +44,9 @@ from .explain import intermediate_bytes, kernels_of
 from .plots import plot_registers, plot_speedup
 from .tables import markdown_table, write_csv, write_kernels_csv
 
-__all__ = ["STRATEGIES", "TARGETS", "Cell", "compare", "markdown_table"]
+__all__ = ["COMPARED", "TARGETS", "Cell", "compare", "markdown_table"]
 
-STRATEGIES = ("none", "tvm", "rules", "costfuse", "costfuse-xgb")
+COMPARED = ("none", "tvm", "rules", "costfuse", "costfuse-xgb")
 TARGETS = ("llvm", "cuda")
 # Outputs within measure.max_mismatch's tolerance (rtol 1e-4, atol 1e-5) count as equal.
 _MISMATCH_OK = 1.0
@@ -65,8 +65,8 @@ def expand_models(models: Iterable[str]) -> list[str]:
 # ---------------------------------------------------------------------------- strategies
 def _split(strategy: str) -> tuple[str, dict]:
     """:func:`strategies.split_strategy` for the strategies compare runs; others raise."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    if strategy not in COMPARED:
+        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(COMPARED)}")
     return split_strategy(strategy)
 
 
@@ -325,7 +325,7 @@ def compare(
         Zoo names (``"all"`` expands to the zoo), ``.onnx`` paths, or ``module:function``
         returning ``(torch.nn.Module, example_args)``.
     strategies
-        From :data:`STRATEGIES`; other names become failed cells.
+        From :data:`COMPARED`; other names become failed cells.
     targets
         ``"llvm"`` (this host, always measured) and/or ``"cuda"`` (``gpu``'s description,
         compiled offline; measured when a GPU is present, or never if ``measure_cuda=False``).
