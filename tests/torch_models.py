@@ -35,3 +35,14 @@ class ShiftedWindowAttention(nn.Module):
         y = self.proj(y).view(b, h // s, w // s, s, s, c).permute(0, 1, 3, 2, 4, 5)
         y = torch.roll(y.reshape(b, h, w, c), shifts=(self.shift, self.shift), dims=(1, 2))
         return x + y
+
+
+class TwoIndexGather(nn.Module):
+    """``x[i, j]`` with two index tensors (as HF masks index ``cache_position``): LegalizeOps
+    binds the index tuple's items as ``lv``, ``lv1``..., names the importer used already."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(x)
+        i = torch.arange(x.shape[0])[:, None]
+        j = torch.arange(x.shape[1])[None, :]
+        return torch.relu(x[i, j]) + x[j, i] * 2.0

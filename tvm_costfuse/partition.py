@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .graph import OpGraph, binding_name_map, build_graph
+from .graph import OpGraph, binding_name_map, binding_names, build_graph
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -330,20 +330,21 @@ def _used_vars(expr) -> list:
 class _Fusor(PyExprMutator):
     """OperatorFusor: replaces each group's bindings with one call to its grouped function."""
 
-    def __init__(self, mod: tvm.IRModule, groups: list[list[str]]) -> None:
+    def __init__(self, mod: tvm.IRModule, groups: list[list[str]], func_name: str) -> None:
         super().__init__(mod)
-        self.group_of = {name: gi for gi, g in enumerate(groups) for name in g}
+        by_name = binding_name_map(mod[func_name])
+        self.group_of = {by_name[name].var: gi for gi, g in enumerate(groups) for name in g}
         self.n_groups = len(groups)
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock):
         def gkey(var):
-            gi = self.group_of.get(var.name) if var in def_vars else None
+            gi = self.group_of.get(var) if var in def_vars else None
             return gi if gi is not None else ("v", var)
 
         def_vars = {b.var for b in block.bindings}
         funcs: dict[int, _GroupFunction] = {}
         for b in block.bindings:
-            gi = self.group_of.get(b.var.name)
+            gi = self.group_of.get(b.var)
             if gi is not None:
                 funcs.setdefault(gi, _GroupFunction()).append(b)
         deps: dict = {}
@@ -437,7 +438,7 @@ def apply_partition(
     """
     graph = build_graph(mod, func_name)
     fused = resolve_groups(graph, groups)
-    fusor = _Fusor(mod, fused)
+    fusor = _Fusor(mod, fused, func_name)
     gvar = mod.get_global_var(func_name)
     new_func = fusor.visit_expr(mod[func_name])
     fusor.builder_.update_func(gvar, new_func)
@@ -463,6 +464,7 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
     """
     func = mod[func_name]
     by_name = binding_name_map(func)
+    names = binding_names(func)
     tagged = tvm.IRModule({gv: f for gv, f in mod.functions.items()})
     tag_of: dict[str, str] = {}
     blocks = []
@@ -477,7 +479,7 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
                 _CALL_TIR
             ):
                 tag = f"cf__{len(tag_of)}"
-                tag_of[tag] = b.var.name
+                tag_of[tag] = names[b.var]
                 gv = tvm.ir.GlobalVar(tag)
                 relax.expr._update_type(gv, v.args[0].ty)  # pylint: disable=protected-access
                 tagged[gv] = mod[v.args[0]]
