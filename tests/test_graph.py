@@ -125,3 +125,25 @@ def test_legalized_index_items_reuse_importer_names() -> None:
     assert len(set(names)) < len(names)
     graph = build_graph(mod)
     assert len({n.name for n in graph.nodes}) == len(graph.nodes) == len(names)
+
+
+def test_prim_func_whose_root_block_is_not_named_root() -> None:
+    # Legalized cumsum is hand-written TIR whose body block is "cumsum_generic".
+    from tvm import relax
+
+    from tvm_costfuse.passes import prepare
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "int64"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pos = bb.emit(relax.op.cumsum(x, axis=1))
+            out = bb.emit_output(relax.op.add(pos, x))
+        bb.emit_func_output(out)
+    mod = prepare(bb.get())
+    scan = next(f for gv, f in mod.functions.items() if gv.name_hint == "cumsum")
+    assert scan.body.block.name_hint != "root"
+    graph = build_graph(mod)
+    node = next(n for n in graph.nodes if n.prim_func == "cumsum")
+    assert node.pattern == OpPattern.OPAQUE and not node.fusable
+    assert node.reduction_extent == 1 and node.math == 0

@@ -161,9 +161,13 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
     written inside a block body (hand-written, opaque blocks) or a nested block counts once
     per outer iteration; ``pow`` with a constant exponent counts as a call though LLVM may
     make it a multiply. Relax's legalized operators (every zoo model) have neither."""
+    if not isinstance(func.body, s_tir.SBlockRealize):
+        return 1, 0.0
     sch = s_tir.Schedule(func)
     best, calls = 1, 0.0
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+    # The root block is the body's, whatever its name (hand-written TIR such as cumsum's
+    # "cumsum_generic" is not called "root").
+    for rv in sch.get_child_blocks(sch.get_sblock(func.body.block.name_hint)):
         block = sch.get(rv)
         extent = iterations = 1
         for iv in block.iter_vars:
