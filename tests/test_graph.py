@@ -69,3 +69,81 @@ def test_math_library_calls_are_counted_where_flops_see_none() -> None:
     assert graph["add"].math == 0 and graph["sqrt"].math == 0 and graph["abs"].math == 0
     gelu = build_graph(prepared("mlp_gelu")[0])["gelu"]
     assert gelu.math == MATH_COST["erf"] * math.prod(gelu.outputs[0].shape)
+
+
+def _duplicate_names_module():
+    """Relax function binding ``t`` three times and ``t#2`` once: well-formed (variables are
+    distinct objects), though BlockBuilder would never pick such names itself."""
+    import tvm
+    from tvm import relax
+
+    from tvm_costfuse.passes import prepare
+
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    bb = relax.BlockBuilder()
+    bindings, prev = [], {}
+    ops = [("t", relax.op.tanh, ["x"]), ("t#2", relax.op.exp, ["t"]),
+           ("t", relax.op.add, ["t", "t#2"]), ("t", relax.op.multiply, ["t", "t#2"])]
+    for i, (name, fn, args) in enumerate(ops):
+        value = bb.normalize(fn(*[prev.get(a, x) for a in args]))
+        last = i == len(ops) - 1
+        var = (relax.Var if last else relax.DataflowVar)(name, value.ty)
+        bindings.append(relax.VarBinding(var, value))
+        prev[name] = var
+    body = relax.SeqExpr([relax.DataflowBlock(bindings)], prev["t"])
+    func = relax.Function([x], body, prev["t"].ty).with_attr("global_symbol", "main")
+    mod = prepare(tvm.IRModule({"main": func}))
+    relax.analysis.well_formed(mod)
+    return mod
+
+
+def test_repeated_binding_names_become_unique_node_names() -> None:
+    from tvm_costfuse.graph import binding_name_map, binding_names
+
+    mod = _duplicate_names_module()
+    graph = build_graph(mod)
+    # The first binding keeps its name; later ones count on, skipping the taken "t#2".
+    assert [n.name for n in graph.nodes] == ["t", "t#2", "t#3", "t#4"]
+    assert graph.producers("t#3") == ("t", "t#2") and graph.block_outputs == {"t#4"}
+    names = binding_names(mod["main"])
+    assert list(names.values()) == [n.name for n in graph.nodes]
+    assert [b.var for b in binding_name_map(mod["main"]).values()] == list(names)
+    assert build_graph(mod) == graph  # deterministic
+
+
+def test_legalized_index_items_reuse_importer_names() -> None:
+    # x[i, j] from PyTorch: LegalizeOps binds the index tuple's items as lv, lv1, ... which the
+    # importer had used already (HF GPT-NeoX, Falcon masks).
+    import torch
+    from torch_models import TwoIndexGather
+
+    from tvm_costfuse import zoo
+    from tvm_costfuse.passes import prepare
+
+    mod = prepare(zoo.load_torch(TwoIndexGather(), (torch.randn(4, 4),))[0])
+    names = [b.var.name for blk in mod["main"].body.blocks for b in blk.bindings]
+    assert len(set(names)) < len(names)
+    graph = build_graph(mod)
+    assert len({n.name for n in graph.nodes}) == len(graph.nodes) == len(names)
+
+
+def test_prim_func_whose_root_block_is_not_named_root() -> None:
+    # Legalized cumsum is hand-written TIR whose body block is "cumsum_generic".
+    from tvm import relax
+
+    from tvm_costfuse.passes import prepare
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "int64"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pos = bb.emit(relax.op.cumsum(x, axis=1))
+            out = bb.emit_output(relax.op.add(pos, x))
+        bb.emit_func_output(out)
+    mod = prepare(bb.get())
+    scan = next(f for gv, f in mod.functions.items() if gv.name_hint == "cumsum")
+    assert scan.body.block.name_hint != "root"
+    graph = build_graph(mod)
+    node = next(n for n in graph.nodes if n.prim_func == "cumsum")
+    assert node.pattern == OpPattern.OPAQUE and not node.fusable
+    assert node.reduction_extent == 1 and node.math == 0

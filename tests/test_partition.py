@@ -202,3 +202,35 @@ def test_cycle_between_groups(mlp) -> None:
 )
 def test_malformed_groups(mlp, groups, match) -> None:
     _assert_unchanged_after(mlp, groups, match)
+
+
+def test_repeated_binding_names_partition_by_node_name() -> None:
+    from test_graph import _duplicate_names_module
+
+    mod = _duplicate_names_module()
+    groups = fuseops_groups(mod)
+    assert groups == [["t", "t#2", "t#3", "t#4"]]
+    tvm.ir.assert_structural_equal(apply_partition(mod, groups), relax.transform.FuseOps()(mod))
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
+    want = run(build(mod), {"x": x})
+    for plan in (groups, [["t#2", "t#3"]], [["t", "t#2"], ["t#3", "t#4"]]):
+        fused = apply_partition(mod, plan)
+        assert len(_grouped_functions(fused)) == len(plan)
+        assert_close(run(build(fused), {"x": x}), want)
+
+
+def test_imported_model_with_repeated_names_builds_with_costfuse() -> None:
+    import torch
+    from torch_models import TwoIndexGather
+
+    from tvm_costfuse.transform import CostFuse
+
+    x = torch.randn(4, 4)
+    mod, inputs = zoo.load_torch(TwoIndexGather(), (x,))
+    with torch.no_grad():
+        want = [TwoIndexGather()(x).numpy()]
+    prep = prepare(mod)
+    fused = CostFuse(target="host")(prep)
+    assert _grouped_functions(fused)
+    assert_close(run(build(fused), inputs), want)
+    assert_close(run(build(apply_partition(prep, fuseops_groups(prep))), inputs), want)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import prepared
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tvm_costfuse import FusionConfig, build_graph, plan_exact, plan_greedy
 from tvm_costfuse.cost import group_features
-from tvm_costfuse.graph import OpPattern
-from tvm_costfuse.planner import plan_cost
+from tvm_costfuse.graph import OpGraph, OpPattern
+from tvm_costfuse.planner import _Quotient, initial_units, plan_cost
 from tvm_costfuse.targets import preset
 from tvm_costfuse.testing import branchy_dag, make_graph, op, random_dag
 
@@ -120,3 +124,127 @@ def test_exact_is_never_worse_than_greedy(seed: int, branchy: bool) -> None:
 def test_exact_refuses_big_graphs() -> None:
     with pytest.raises(ValueError, match="units > max_units 9"):
         plan_exact(random_dag(30), H100, FusionConfig())
+
+
+# ---------------------------------------------------------------------------------------------
+# Convexity: every plan contracts to a DAG
+# ---------------------------------------------------------------------------------------------
+
+
+def _assert_contracts_to_a_dag(graph: OpGraph, groups) -> None:
+    """Each binding in one group at most, groups fusable, and the graph with every group
+    contracted to one node acyclic (a path leaving a group and coming back is a cycle)."""
+    owner: dict[str, int] = {}
+    for i, group in enumerate(groups):
+        for name in group:
+            assert name not in owner, f"{name} in groups {owner[name]} and {i}"
+            assert graph[name].fusable, name
+            owner[name] = i
+    key = {n.name: owner.get(n.name, n.name) for n in graph.nodes}
+    succ: dict = {k: set() for k in key.values()}
+    for node in graph.nodes:
+        for p in graph.producers(node.name):
+            if key[p] != key[node.name]:
+                succ[key[p]].add(key[node.name])
+    indegree = dict.fromkeys(succ, 0)
+    for outs in succ.values():
+        for v in outs:
+            indegree[v] += 1
+    ready, seen = [k for k, d in indegree.items() if d == 0], 0
+    while ready:
+        seen += 1
+        for v in succ[ready.pop()]:
+            indegree[v] -= 1
+            if indegree[v] == 0:
+                ready.append(v)
+    assert seen == len(succ), f"the plan's groups form a cycle: {groups}"
+
+
+_PATTERNS = [(OpPattern.OUT_EWISE_FUSABLE, 512.0, 256), (OpPattern.BROADCAST, 1.0, 1),
+             (OpPattern.ELEMWISE, 8.0, 1), (OpPattern.COMM_REDUCE, 1.0, 256),
+             (OpPattern.INJECTIVE, 0.0, 1)]
+
+
+@st.composite
+def reconvergent_dags(draw, max_nodes: int = 40) -> OpGraph:
+    """Each op reads its predecessor or a nearby one (chains), often also one or two earlier
+    ops (diamonds, skip connections, fan-in) or the input; some are unfusable (an opaque
+    ``take``, a call_packed), so that paths run through bindings no group may hold."""
+    n = draw(st.integers(2, max_nodes), label="n")
+    nodes = []
+    for i in range(n):
+        pattern, fpe, red = draw(st.sampled_from(_PATTERNS))
+        if i == 0:
+            inputs = ["%x"]
+        else:
+            near = draw(st.integers(max(0, i - 3), i - 1))
+            far = draw(st.lists(st.integers(0, i - 1), max_size=2))
+            inputs = list(dict.fromkeys(f"op{j}" for j in [near, *far]))
+            if draw(st.integers(0, 7)) == 0:
+                inputs.append("%x")
+        elems = 1 << draw(st.sampled_from([10, 14, 20]))
+        node = op(i, f"op{i}", pattern, inputs, elems=elems, flops_per_elem=fpe, reduction=red)
+        if draw(st.integers(0, 5)) == 0:
+            node = dataclasses.replace(node, pattern=OpPattern.OPAQUE,
+                                       why_not_fusable="it is opaque (op_pattern 8)")
+        nodes.append(node)
+    return make_graph(nodes)
+
+
+@pytest.mark.parametrize("target", [H100, HOST], ids=["h100", "host"])
+@settings(max_examples=300)
+@given(graph=reconvergent_dags())
+def test_greedy_plans_are_convex(target, graph: OpGraph) -> None:
+    plan = plan_greedy(graph, target, FusionConfig())
+    _assert_contracts_to_a_dag(graph, plan.groups)
+    narrow = plan_greedy(graph, target, FusionConfig(max_body_ops=3))
+    _assert_contracts_to_a_dag(graph, narrow.groups)
+
+
+@settings(max_examples=60)
+@given(graph=reconvergent_dags(max_nodes=9))
+def test_exact_plans_are_convex(graph: OpGraph) -> None:
+    if len(initial_units(graph)) > 7:
+        return
+    _assert_contracts_to_a_dag(graph, plan_exact(graph, H100, FusionConfig()).groups)
+
+
+def test_path_through_an_unfusable_binding_blocks_the_merge() -> None:
+    # op0 -> take (opaque) -> op2 and op0 -> op2: fusing op0 with op2 would need the take
+    # both before and after the kernel.
+    graph = make_graph([
+        op(0, "op0", OpPattern.ELEMWISE, ["%x"]),
+        dataclasses.replace(op(1, "take", OpPattern.OPAQUE, ["op0"]), why_not_fusable="opaque"),
+        op(2, "op2", OpPattern.BROADCAST, ["op0", "take"]),
+    ])
+    plan = plan_greedy(graph, H100, FusionConfig())
+    assert plan.groups == ()
+    assert any("through 'take'" in d.reason for d in plan.decisions)
+
+
+def test_group_zero_is_a_blocker_too() -> None:
+    # Group 0 (m) lies on the path a -> m -> b: merging a and b must be refused.
+    graph = make_graph([
+        op(0, "a", OpPattern.ELEMWISE, ["%x"]),
+        op(1, "m", OpPattern.ELEMWISE, ["a"]),
+        op(2, "b", OpPattern.BROADCAST, ["a", "m"]),
+    ])
+    q = _Quotient(graph, [frozenset({"m"}), frozenset({"a"}), frozenset({"b"})])
+    assert q.blocker(1, 2) == 0 and q.blocker(2, 1) == 0
+
+
+@pytest.mark.parametrize("target", [H100, HOST], ids=["h100", "host"])
+def test_shifted_window_attention_plan_is_convex(target) -> None:
+    # Two Swin blocks from PyTorch: q, k and v are opaque `take`s of one tensor, and the
+    # planner used to fuse across them into a cycle of four groups.
+    import torch
+    from torch_models import ShiftedWindowAttention
+    from tvm_costfuse.passes import prepare
+
+    from tvm_costfuse import zoo
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(ShiftedWindowAttention(shift=0), ShiftedWindowAttention(shift=2))
+    graph = build_graph(prepare(zoo.load_torch(net, (torch.randn(1, 8, 8, 16),))[0]))
+    assert not all(n.fusable for n in graph.nodes)
+    _assert_contracts_to_a_dag(graph, plan_greedy(graph, target, FusionConfig()).groups)

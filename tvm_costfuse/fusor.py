@@ -15,6 +15,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .graph import binding_name_map
+
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 __all__ = ["Fusor"]
@@ -181,20 +183,21 @@ def _used_vars(expr) -> list:
 class Fusor(PyExprMutator):
     """OperatorFusor: replaces each group's bindings with one call to its grouped function."""
 
-    def __init__(self, mod: tvm.IRModule, groups: list[list[str]]) -> None:
+    def __init__(self, mod: tvm.IRModule, groups: list[list[str]], func_name: str) -> None:
         super().__init__(mod)
-        self.group_of = {name: gi for gi, g in enumerate(groups) for name in g}
+        by_name = binding_name_map(mod[func_name])
+        self.group_of = {by_name[name].var: gi for gi, g in enumerate(groups) for name in g}
         self.n_groups = len(groups)
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock):
         def gkey(var):
-            gi = self.group_of.get(var.name) if var in def_vars else None
+            gi = self.group_of.get(var) if var in def_vars else None
             return gi if gi is not None else ("v", var)
 
         def_vars = {b.var for b in block.bindings}
         funcs: dict[int, _GroupFunction] = {}
         for b in block.bindings:
-            gi = self.group_of.get(b.var.name)
+            gi = self.group_of.get(b.var)
             if gi is not None:
                 funcs.setdefault(gi, _GroupFunction()).append(b)
         deps: dict = {}

@@ -152,9 +152,13 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
     written inside a block body (hand-written, opaque blocks) or a nested block counts once
     per outer iteration; ``pow`` with a constant exponent counts as a call though LLVM may
     make it a multiply. Relax's legalized operators (every zoo model) have neither."""
+    if not isinstance(func.body, s_tir.SBlockRealize):
+        return 1, 0.0
     sch = s_tir.Schedule(func)
     best, calls = 1, 0.0
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+    # The root block is the body's, whatever its name (hand-written TIR such as cumsum's
+    # "cumsum_generic" is not called "root").
+    for rv in sch.get_child_blocks(sch.get_sblock(func.body.block.name_hint)):
         block = sch.get(rv)
         extent = iterations = 1
         for iv in block.iter_vars:
@@ -184,25 +188,42 @@ def _leaves(expr) -> list:
     return [expr]
 
 
-def binding_name_map(func: relax.Function) -> dict[str, relax.VarBinding]:
-    """Binding name -> binding over all dataflow blocks, rejecting repeated names.
+def binding_names(func: relax.Function) -> dict[relax.Var, str]:
+    """Bound variable -> its node name, over all dataflow blocks, unique within ``func``.
 
-    Partitions refer to bindings by name, so a name must pick exactly one binding.
+    Partitions, plans and databases refer to bindings by name, but Relax does not make names
+    unique (``LegalizeOps`` of an imported model binds several ``lv``). The first binding of a
+    name keeps it; the k-th later one is ``name#k`` (k counted per name from 2, skipping any
+    name already taken), so names are deterministic and stable under reruns.
     """
-    out: dict[str, relax.Binding] = {}
-    for block in func.body.blocks:
-        if not isinstance(block, relax.DataflowBlock):
-            continue
-        for binding in block.bindings:
-            name = binding.var.name
-            if name in out:
-                raise ValueError(
-                    f"binding name {name!r} is defined twice in the function; names must be "
-                    "unique to refer to bindings (run relax.transform.CanonicalizeBindings or "
-                    "rename)"
-                )
-            out[name] = binding
+    out: dict[relax.Var, str] = {}
+    bound = [b.var for block in func.body.blocks if isinstance(block, relax.DataflowBlock)
+             for b in block.bindings]
+    taken = {v.name for v in bound}
+    seen: dict[str, int] = {}
+    for var in bound:
+        name = var.name
+        if name in seen:
+            k = seen[name]
+            while True:
+                k += 1
+                unique = f"{name}#{k}"
+                if unique not in taken:
+                    break
+            seen[name] = k
+            taken.add(unique)
+            name = unique
+        else:
+            seen[name] = 1
+        out[var] = name
     return out
+
+
+def binding_name_map(func: relax.Function) -> dict[str, relax.VarBinding]:
+    """Node name (see :func:`binding_names`) -> binding, over all dataflow blocks."""
+    names = binding_names(func)
+    return {names[b.var]: b for block in func.body.blocks
+            if isinstance(block, relax.DataflowBlock) for b in block.bindings}
 
 
 def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
@@ -212,7 +233,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
     func = mod[func_name]
     if not isinstance(func, relax.Function):
         raise TypeError(f"{func_name!r} is not a Relax function")
-    binding_name_map(func)  # validates unique names
+    names = binding_names(func)
 
     param_names = {p: p.name for p in func.params}
     const_names: dict = {}  # each constant tensor is one input, however often it is read
@@ -223,7 +244,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
     dataflow_blocks = [b for b in func.body.blocks if isinstance(b, relax.DataflowBlock)]
     for block_index, block in enumerate(dataflow_blocks):
         for binding in block.bindings:
-            name = binding.var.name
+            name = names[binding.var]
             value = binding.value
             if not isinstance(binding.var, relax.DataflowVar):
                 block_outputs.add(name)

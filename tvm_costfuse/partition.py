@@ -20,7 +20,7 @@ import tvm
 from tvm import relax
 
 from .fusor import Fusor
-from .graph import OpGraph, binding_name_map, build_graph
+from .graph import OpGraph, binding_name_map, binding_names, build_graph
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -185,7 +185,7 @@ def apply_partition(
     """
     graph = build_graph(mod, func_name)
     fused = resolve_groups(graph, groups)
-    fusor = Fusor(mod, fused)
+    fusor = Fusor(mod, fused, func_name)
     gvar = mod.get_global_var(func_name)
     new_func = fusor.visit_expr(mod[func_name])
     fusor.builder_.update_func(gvar, new_func)
@@ -223,6 +223,7 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
     """
     func = mod[func_name]
     by_name = binding_name_map(func)
+    names = binding_names(func)
     tagged = tvm.IRModule({gv: f for gv, f in mod.functions.items()})
     tag_of: dict[str, str] = {}
     blocks = []
@@ -237,7 +238,7 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
                 _CALL_TIR
             ):
                 tag = f"cf__{len(tag_of)}"
-                tag_of[tag] = b.var.name
+                tag_of[tag] = names[b.var]
                 gv = tvm.ir.GlobalVar(tag)
                 relax.expr._update_type(gv, v.args[0].ty)  # pylint: disable=protected-access
                 tagged[gv] = mod[v.args[0]]

@@ -280,6 +280,20 @@ def _llvm_ir(ex_or_llvm_ir) -> str:
     raise ValueError("no llvm module in this executable")
 
 
+def _emit_assembly(machine, module) -> str:
+    """Verbose assembly of ``module`` as text.
+
+    llvmlite's ``emit_assembly`` decodes strict UTF-8, but LLVM's verbose comments quote data
+    bytes raw (``.byte 255  # \\xff`` in DWARF location lists of a float constant such as
+    -FLT_MAX), so the bytes are decoded here with undecodable ones replaced: only ASCII comment
+    text (``# N-byte Spill``) and labels are matched.
+    """
+    emit = getattr(machine, "_emit_to_memory", None)
+    if emit is None:  # a llvmlite without the raw-bytes entry point
+        return machine.emit_assembly(module)
+    return emit(module, use_object=False).decode("utf-8", errors="replace")
+
+
 def cpu_spill_report(ex_or_llvm_ir, mcpu: str | None = None) -> dict[str, SpillCount]:
     """Spills and reloads per kernel of a CPU build, counted in LLVM's verbose assembly.
 
@@ -322,7 +336,7 @@ def cpu_spill_report(ex_or_llvm_ir, mcpu: str | None = None) -> dict[str, SpillC
     machine = target.create_target_machine(cpu=mcpu, opt=3, reloc="pic", codemodel="default")
     machine.set_asm_verbosity(True)
     owners = _function_owners(ir)
-    counts = count_asm_spills(machine.emit_assembly(module), owners)
+    counts = count_asm_spills(_emit_assembly(machine, module), owners)
     return {k: counts.get(k, SpillCount()) for k in dict.fromkeys(owners.values())}
 
 
