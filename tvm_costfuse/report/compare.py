@@ -55,9 +55,10 @@ _ERROR_CHARS = 400
 
 
 # ---------------------------------------------------------------------------------- inputs
-def expand_models(models: Iterable[str]) -> list[str]:
+def expand_models(specs: Iterable[str]) -> list[str]:
+    """Model specs with ``all`` expanded to every registry name, duplicates dropped."""
     out: list[str] = []
-    for m in models:
+    for m in specs:
         out += models.names() if m == "all" else [m]
     return list(dict.fromkeys(out))
 
