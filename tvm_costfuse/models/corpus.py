@@ -103,7 +103,7 @@ def load(name: str, small: bool = False):
     a unit output tuple unwrapped). Calling the torch module on :func:`torch_inputs` of the
     inputs gives the reference output.
     """
-    from ..zoo import load_torch
+    from .frontends import load_torch
 
     module, args = build_torch(name, small)
     mod, inputs = load_torch(module, args)
@@ -126,7 +126,7 @@ def load_onnx(name: str, small: bool = False, path: str | os.PathLike | None = N
     """
     import torch
 
-    from ..zoo import load_onnx as import_onnx
+    from .frontends import load_onnx as import_onnx
 
     module, args = build_torch(name, small)
     arg_names = _arg_names(module)
