@@ -51,8 +51,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_models(_args: argparse.Namespace) -> int:
-    for name in models.names():
-        print(name)
+    """The registry: zoo models, then the corpus with its family (``corpus`` extra)."""
+    for name in models.zoo.names():
+        print(f"{name:<22} zoo")
+    corpus = models.corpus_names()
+    if corpus:
+        from .models import corpus as real
+
+        for name in corpus:
+            print(f"{name:<22} corpus ({real.family(name)})")
+    else:
+        print("(the real-model corpus needs its extra: pip install 'tvm_costfuse[corpus]')")
+    print("synth-<seed>           random test programs; or a path to an .onnx / .pt2 file")
     return 0
 
 
@@ -88,7 +98,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _model_spec(text: str) -> str:
     """argparse type of a model argument: a registry name or an existing model file."""
-    if text in models.names() or text.startswith("synth-"):
+    if models.is_name(text):
         return text
     if text.endswith((".onnx", ".pt2")):
         if not Path(text).is_file():

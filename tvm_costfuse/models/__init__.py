@@ -3,9 +3,11 @@
 - ``zoo``       -- ten hand-written ``relax.frontend.nn`` workloads (the unit-test substrate);
 - ``synthetic`` -- random programs over the zoo's op vocabulary, named ``synth-<seed>``;
 - ``blocks``    -- the building blocks both share; ``export``: nn module -> bound IRModule;
-- ``frontends`` -- PyTorch (``torch.export``) and ONNX importers (optional extras).
+- ``frontends`` -- PyTorch (``torch.export``) and ONNX importers (optional extras);
+- ``corpus``    -- real torchvision and Hugging Face architectures with random weights
+                   (the ``corpus`` extra: torch, torchvision, transformers), by name and family.
 
-:func:`load` takes a zoo name, ``synth-<seed>``, an ``.onnx`` file, a ``torch.export`` archive
+:func:`load` takes a zoo or corpus name, ``synth-<seed>``, an ``.onnx`` file, a ``torch.export`` archive
 (``.pt2``) or ``package.module:function`` returning ``(torch.nn.Module, example_args)``.
 """
 
@@ -22,7 +24,9 @@ from . import synthetic, zoo
 from .frontends import load_exported, load_onnx, load_torch
 
 __all__ = [
+    "corpus_names",
     "display_name",
+    "is_name",
     "load",
     "load_exported",
     "load_onnx",
@@ -33,9 +37,25 @@ __all__ = [
 ]
 
 
+def corpus_names() -> list[str]:
+    """The corpus' model names; none when its packages (the ``corpus`` extra) are missing."""
+    try:
+        from . import corpus
+    except ImportError:
+        return []
+    return corpus.names()
+
+
 def names() -> list[str]:
-    """Every model name :func:`load` accepts without a path, in a stable order."""
-    return zoo.names()
+    """Every model name :func:`load` accepts without a path, in a stable order: the zoo,
+    then the corpus (when its extra is installed)."""
+    return zoo.names() + corpus_names()
+
+
+def is_name(spec: str) -> bool:
+    """Whether ``spec`` names a registry model (a zoo or corpus name, or ``synth-<seed>``);
+    the corpus is consulted (importing torch) only for names the zoo does not have."""
+    return spec in zoo.names() or synthetic.is_synthetic(spec) or spec in corpus_names()
 
 
 def _is_file(spec: str) -> bool:
@@ -44,7 +64,7 @@ def _is_file(spec: str) -> bool:
 
 def display_name(spec: str) -> str:
     """How reports name a model: its registry name, a file's stem, or the function's name."""
-    if spec in zoo.names() or synthetic.is_synthetic(spec):
+    if is_name(spec):
         return spec
     if _is_file(spec):
         return Path(spec).stem
@@ -64,6 +84,11 @@ def load(spec: str, *, small: bool = False) -> tuple[tvm.IRModule, dict[str, np.
             raise ValueError(f"{spec}: synthetic programs draw their own sizes; small=True "
                              "does not apply")
         return synthetic.load(spec)
+    if spec in corpus_names():
+        from . import corpus
+
+        mod, inputs, _ = corpus.load(spec, small=small)
+        return mod, inputs
     if _is_file(spec):
         if not os.path.isfile(spec):
             raise ValueError(f"model file {spec!r} does not exist")
