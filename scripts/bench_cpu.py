@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager columns")
     args = ap.parse_args()
     target = host_target(args.cores)
-    names = args.models or models.names()
+    names = args.models or models.zoo.names()
     pipelines = {s: strategy_pipeline(s, target) for s in args.strategies}
     if args.tuned is not None:
         from tvm_costfuse.tuning.metaschedule import tuned_pipeline

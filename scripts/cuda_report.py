@@ -14,7 +14,7 @@ from tvm_costfuse.measurement.registers import cuda_register_report
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", default=models.names(), help="zoo names (default all)")
+    parser.add_argument("models", nargs="*", default=models.zoo.names(), help="zoo names (default all)")
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--small", action="store_true", help="the small variants")
     args = parser.parse_args()

@@ -51,7 +51,7 @@ def _measure(args) -> None:
         jobs = [(f"{models.synthetic.PREFIX}{i}", False) for i in range(args.synthetic)]
     else:
         jobs = [(name, size == "small") for size in args.size
-                for name in args.models or models.names()]
+                for name in args.models or models.zoo.names()]
     for name, small in jobs:
         model = models.variant_name(name, small)
         mod, _ = models.load(name, small=small)

@@ -141,7 +141,7 @@ def _elementwise_chain(m, w, x):
 
 
 # One twin per zoo model, found by name: a model added to the zoo without a twin fails here.
-_MODELS: dict[str, Callable] = {name: globals()[f"_{name}"] for name in models.names()}
+_MODELS: dict[str, Callable] = {name: globals()[f"_{name}"] for name in models.zoo.names()}
 
 
 def names() -> list[str]:

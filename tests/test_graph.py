@@ -77,7 +77,7 @@ def _duplicate_names_module():
     import tvm
     from tvm import relax
 
-    from tvm_costfuse.passes import prepare
+    from tvm_costfuse.pipelines import prepare
 
     x = relax.Var("x", relax.TensorType((4, 8), "float32"))
     bb = relax.BlockBuilder()
@@ -117,10 +117,10 @@ def test_legalized_index_items_reuse_importer_names() -> None:
     import torch
     from torch_models import TwoIndexGather
 
-    from tvm_costfuse import zoo
-    from tvm_costfuse.passes import prepare
+    from tvm_costfuse import load_torch
+    from tvm_costfuse.pipelines import prepare
 
-    mod = prepare(zoo.load_torch(TwoIndexGather(), (torch.randn(4, 4),))[0])
+    mod = prepare(load_torch(TwoIndexGather(), (torch.randn(4, 4),))[0])
     names = [b.var.name for blk in mod["main"].body.blocks for b in blk.bindings]
     assert len(set(names)) < len(names)
     graph = build_graph(mod)
@@ -131,7 +131,7 @@ def test_prim_func_whose_root_block_is_not_named_root() -> None:
     # Legalized cumsum is hand-written TIR whose body block is "cumsum_generic".
     from tvm import relax
 
-    from tvm_costfuse.passes import prepare
+    from tvm_costfuse.pipelines import prepare
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((2, 8), "int64"))

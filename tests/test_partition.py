@@ -25,7 +25,7 @@ def _grouped_functions(mod: tvm.IRModule) -> dict[str, relax.Function]:
 
 
 @pytest.mark.parametrize("small", [True, False], ids=["small", "full"])
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.zoo.names())
 def test_fuseops_partition_round_trips(name: str, small: bool) -> None:
     mod, _ = prepared(name, small)
     groups = fuseops_groups(mod)
@@ -226,7 +226,7 @@ def test_imported_model_with_repeated_names_builds_with_costfuse() -> None:
     from tvm_costfuse.transform import CostFuse
 
     x = torch.randn(4, 4)
-    mod, inputs = zoo.load_torch(TwoIndexGather(), (x,))
+    mod, inputs = load_torch(TwoIndexGather(), (x,))
     with torch.no_grad():
         want = [TwoIndexGather()(x).numpy()]
     prep = prepare(mod)

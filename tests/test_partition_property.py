@@ -15,7 +15,7 @@ from tvm_costfuse.measurement.timing import assert_close, build, run
 
 PLANS = {"mobilenetv2": 6, "resnet18": 10, "bert_layer": 24, "gpt2_block": 24}
 DEFAULT_PLANS = 23
-assert sum(PLANS.get(n, DEFAULT_PLANS) for n in models.names()) >= 200
+assert sum(PLANS.get(n, DEFAULT_PLANS) for n in models.zoo.names()) >= 200
 
 
 @st.composite
@@ -50,7 +50,7 @@ def convex_partitions(draw, graph: OpGraph) -> list[list[str]]:
     return [g for g in groups if g]
 
 
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.zoo.names())
 def test_random_convex_partitions_match_unfused(name: str) -> None:
     mod, inputs = prepared(name)
     graph = build_graph(mod)

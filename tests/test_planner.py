@@ -239,12 +239,12 @@ def test_shifted_window_attention_plan_is_convex(target) -> None:
     # planner used to fuse across them into a cycle of four groups.
     import torch
     from torch_models import ShiftedWindowAttention
-    from tvm_costfuse.passes import prepare
 
-    from tvm_costfuse import zoo
+    from tvm_costfuse import load_torch
+    from tvm_costfuse.pipelines import prepare
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(ShiftedWindowAttention(shift=0), ShiftedWindowAttention(shift=2))
-    graph = build_graph(prepare(zoo.load_torch(net, (torch.randn(1, 8, 8, 16),))[0]))
+    graph = build_graph(prepare(load_torch(net, (torch.randn(1, 8, 8, 16),))[0]))
     assert not all(n.fusable for n in graph.nodes)
     _assert_contracts_to_a_dag(graph, plan_greedy(graph, target, FusionConfig()).groups)

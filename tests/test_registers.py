@@ -112,7 +112,7 @@ def zoo_cuda() -> dict[str, str]:
     """Model -> CUDA source of its small variant (TVM codegen, ~9 s for all ten)."""
     return {
         name: cuda.cuda_source(cuda.compile_cuda(models.load(name, small=True)[0]))
-        for name in models.names()
+        for name in models.zoo.names()
     }
 
 
@@ -124,7 +124,7 @@ def zoo_ptxas(zoo_cuda) -> dict[str, dict[str, KernelResources]]:
         return dict(zip(zoo_cuda, reports, strict=True))
 
 
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.zoo.names())
 def test_zoo_model_compiles_for_sm90(zoo_cuda, name):
     kernels = cuda.kernel_sources(zoo_cuda[name])
     assert kernels
@@ -132,7 +132,7 @@ def test_zoo_model_compiles_for_sm90(zoo_cuda, name):
     assert all(src.count("__global__") == 1 for src in kernels.values())
 
 
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.zoo.names())
 def test_zoo_model_ptxas_one_entry_per_kernel(zoo_cuda, zoo_ptxas, name):
     report = zoo_ptxas[name]
     assert set(report) == set(cuda.kernel_sources(zoo_cuda[name]))
@@ -265,6 +265,7 @@ def test_cpu_spill_report_reads_raw_bytes_in_assembly_comments(mcpu):
 def test_cpu_spill_report_of_a_max_reduction_build():
     # A scheduled row max (init -FLT_MAX) on generic x86-64: its DWARF carries the raw bytes.
     import llvmlite  # noqa: F401  (test extra; the spill counter needs it)
+
     from tvm_costfuse.strategies import strategy_pipeline
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 1})

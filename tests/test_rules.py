@@ -48,7 +48,7 @@ def test_never_two_contractions_or_a_contraction_and_a_reduction() -> None:
             assert not ("contraction" in classes and "reduction" in classes), group
 
 
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.zoo.names())
 def test_groups_are_convex_and_apply(name: str) -> None:
     mod = prepared(name)[0]
     groups = rules_groups(build_graph(mod))

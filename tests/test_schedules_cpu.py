@@ -343,7 +343,7 @@ def _zoo_names() -> list[str]:
         from tvm_costfuse import models
     except ImportError:  # pragma: no cover - zoo is another module's job
         return []
-    return models.names()
+    return models.zoo.names()
 
 
 @pytest.mark.parametrize("name", _zoo_names())

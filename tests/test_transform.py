@@ -18,14 +18,14 @@ from tvm_costfuse.measurement.timing import assert_close, run
 from tvm_costfuse.targets import cuda_target
 
 
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.zoo.names())
 def test_costfuse_pipeline_matches_unfused_on_llvm(name: str) -> None:
     mod, inputs = models.load(name, small=True)
     ex = tvm.compile(mod, target="llvm", relax_pipeline=tvm_costfuse.pipeline("llvm"))
     assert_close(run(ex, inputs), reference(name), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.zoo.names())
 def test_costfuse_pipeline_compiles_for_cuda_offline(name: str) -> None:
     mod, _ = models.load(name, small=True)
     target = cuda_target("sm_90")

@@ -57,7 +57,7 @@ def _small_output(name: str) -> np.ndarray:
 
 
 def test_names_exact() -> None:
-    assert models.names() == EXPECTED_NAMES
+    assert models.zoo.names() == EXPECTED_NAMES
 
 
 @pytest.mark.parametrize("name", EXPECTED_NAMES)

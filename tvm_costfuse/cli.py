@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     cmp = sub.add_parser("compare", help="models x strategies x targets: kernels, bytes, "
                          "predicted/measured time, registers; CSV, markdown and plots")
     cmp.add_argument("--models", nargs="+", default=["all"],
-                     help="zoo names or 'all', .onnx paths, module:function (torch); "
-                          "comma-separated or repeated")
+                     help="model names, 'all' (the zoo), 'corpus', .onnx/.pt2 paths, "
+                          "module:function (torch); comma-separated or repeated")
     cmp.add_argument("--strategies", default="none,tvm,rules,costfuse,costfuse-xgb")
     cmp.add_argument("--targets", default="llvm", help="llvm and/or cuda (cuda: offline)")
     cmp.add_argument("--gpu", default="h200", choices=[n for n in preset_names() if n != "host"],

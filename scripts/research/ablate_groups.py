@@ -28,7 +28,7 @@ from tvm_costfuse.transform import plan_module
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=models.names())
+    ap.add_argument("model", choices=models.zoo.names())
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     target = host_target()

@@ -25,7 +25,7 @@ from tvm_costfuse.targets import host_target
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=models.names())
+    ap.add_argument("model", choices=models.zoo.names())
     ap.add_argument("strategies", nargs="+", choices=STRATEGIES)
     ap.add_argument("--builds", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=7)

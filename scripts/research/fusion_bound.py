@@ -125,7 +125,7 @@ def main() -> None:
           f"{'contractions ms':>17}{'max saving ms':>15}{'tvm/costfuse':>14}{'ceiling':>9}"
           f"{'loose':>8}")
     bounds, loose, achieved = [], [], []
-    for name in args.models or models.names():
+    for name in args.models or models.zoo.names():
         mod, inputs = models.load(name)
         builds = {(s, i): tvm.compile(mod, target=target,
                                       relax_pipeline=strategy_pipeline(s, target))

@@ -30,7 +30,7 @@ def graphs(seeds: int):
         for seed in range(seeds):
             yield f"random n={n} seed={seed}", synthetic.random_dag(n, seed=seed, fan_in=0.5)
             yield f"branchy n={n} seed={seed}", synthetic.branchy_dag(n, seed=seed)
-    for name in models.names():
+    for name in models.zoo.names():
         graph = build_graph(prepare(models.load(name, small=True)[0]))
         if len(initial_units(graph)) <= MAX_UNITS:
             yield f"zoo {name}", graph

@@ -27,7 +27,7 @@ from tvm_costfuse.targets import host_target
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=models.names(), choices=models.names())
+    ap.add_argument("--models", nargs="+", default=models.zoo.names(), choices=models.zoo.names())
     ap.add_argument("--builds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--small", action="store_true")

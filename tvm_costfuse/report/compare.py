@@ -56,10 +56,12 @@ _ERROR_CHARS = 400
 
 # ---------------------------------------------------------------------------------- inputs
 def expand_models(specs: Iterable[str]) -> list[str]:
-    """Model specs with ``all`` expanded to every registry name, duplicates dropped."""
+    """Model specs with ``all`` expanded to the zoo and ``corpus`` to the real-model corpus,
+    duplicates dropped."""
     out: list[str] = []
     for m in specs:
-        out += models.names() if m == "all" else [m]
+        out += (models.zoo.names() if m == "all" else models.corpus_names() if m == "corpus"
+                else [m])
     return list(dict.fromkeys(out))
 
 
