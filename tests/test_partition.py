@@ -226,7 +226,7 @@ def test_imported_model_with_repeated_names_builds_with_costfuse() -> None:
     from tvm_costfuse.transform import CostFuse
 
     x = torch.randn(4, 4)
-    mod, inputs = load_torch(TwoIndexGather(), (x,))
+    mod, inputs = models.load_torch(TwoIndexGather(), (x,))
     with torch.no_grad():
         want = [TwoIndexGather()(x).numpy()]
     prep = prepare(mod)

@@ -269,7 +269,7 @@ def test_cpu_spill_report_of_a_max_reduction_build():
     from tvm_costfuse.strategies import strategy_pipeline
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 1})
-    mod, _ = zoo.load("attention", small=True)
+    mod, _ = models.load("attention", small=True)
     with target:
         ex = tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline("none", target))
     report = registers.cpu_spill_report(ex, "x86-64")
