@@ -27,7 +27,13 @@ import numpy as np
 import tvm
 
 from tvm_costfuse import host_target, strategy_pipeline
-from tvm_costfuse.measurement.timing import geomean, interleave, run, vm_sampler
+from tvm_costfuse.measurement.timing import (
+    call_sampler,
+    geomean,
+    interleave,
+    run,
+    vm_sampler,
+)
 from tvm_costfuse.models import corpus
 
 OURS = ("none", "tvm", "costfuse")
@@ -48,25 +54,15 @@ def _with_threads(sample: Callable[[], float], threads: int) -> Callable[[], flo
     return timed
 
 
-def _timed_calls(fn: Callable[[], object]) -> float:
-    """Mean seconds of back-to-back calls over >= _SAMPLE_MS, after one warm-up call."""
-    fn()
-    calls, start = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed * 1e3 >= _SAMPLE_MS:
-            return elapsed / calls
-
-
 def _torch_sampler(module, args, threads: int) -> Callable[[], float]:
     import torch
+
+    calls = call_sampler(lambda: module(*args), _SAMPLE_MS)
 
     def sample() -> float:
         torch.set_num_threads(threads)
         with torch.inference_mode():
-            return _timed_calls(lambda: module(*args))
+            return calls()
 
     return sample
 
@@ -127,8 +123,8 @@ def bench_model(name: str, small: bool, threads: list[int], repeat: int, with_or
             sess = _ort_session(module, args, list(inputs), t, onnx_path)
             feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs.values(), strict=True)}
             row["err"][f"ort@{t}"] = _scale_error(sess.run(None, feed)[0], ref)
-            samplers[f"ort@{t}"] = lambda sess=sess, feed=feed: _timed_calls(
-                lambda: sess.run(None, feed))
+            samplers[f"ort@{t}"] = call_sampler(lambda sess=sess, feed=feed: sess.run(None, feed),
+                                                _SAMPLE_MS)
         for k, v in interleave(samplers, repeat).items():
             row["ms"][k] = float(np.median(v)) * 1e3
     return row

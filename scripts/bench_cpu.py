@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +29,14 @@ import numpy as np
 import tvm
 
 from tvm_costfuse import models
-from tvm_costfuse.measurement.timing import geomean, interleave, max_mismatch, run, vm_sampler
+from tvm_costfuse.measurement.timing import (
+    call_sampler,
+    geomean,
+    interleave,
+    max_mismatch,
+    run,
+    vm_sampler,
+)
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
 from tvm_costfuse.targets import host_target
 
@@ -48,18 +54,12 @@ TORCH_THREADS = (1, 2)
 
 def _torch_sampler(fn: Callable, threads: int) -> Callable[[], float]:
     """One sample = mean of back-to-back eager calls over >= _SAMPLE_MS at ``threads`` threads."""
+    calls = call_sampler(fn, _SAMPLE_MS)
 
     def sample() -> float:
         torch.set_num_threads(threads)
         with torch.inference_mode():
-            fn()  # warm-up (also re-warms caches after the previous variant)
-            calls, start = 0, time.perf_counter()
-            while True:
-                fn()
-                calls += 1
-                elapsed = time.perf_counter() - start
-                if elapsed * 1e3 >= _SAMPLE_MS:
-                    return elapsed / calls
+            return calls()
 
     return sample
 

@@ -125,6 +125,24 @@ def vm_sampler(ex: tvm.runtime.Executable, inputs: Mapping[str, np.ndarray], dev
     return sample
 
 
+def call_sampler(fn: Callable[[], object], min_ms: int = 50) -> Sampler:
+    """A sampler for any callable (PyTorch, ONNX Runtime...): one sample is the mean of
+    back-to-back calls over >= ``min_ms`` ms, after one untimed call that re-warms the caches
+    the previously sampled variant flushed."""
+
+    def sample() -> float:
+        fn()
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed * 1e3 >= min_ms:
+                return elapsed / calls
+
+    return sample
+
+
 def interleave(samplers: Mapping[str, Sampler | Sequence[Sampler]], repeat: int
                ) -> dict[str, list[float]]:
     """``repeat`` rounds; each round samples every sampler of every variant once, so the drift
