@@ -13,6 +13,7 @@ from tvm_costfuse import models
 from tvm_costfuse.measurement import cuda_source as cuda
 from tvm_costfuse.measurement import registers
 from tvm_costfuse.measurement.registers import KernelResources, SpillCount
+from tvm_costfuse.schedules.cuda import GuardedRule
 from tvm_costfuse.targets import cuda_target
 
 DATA = Path(__file__).parent / "data"
@@ -148,7 +149,7 @@ def test_guarded_rule_turns_errors_into_no_match():
         def apply(self, func, target, tunable):
             raise AssertionError("boom")
 
-    rule = cuda.GuardedRule(Raises())
+    rule = GuardedRule(Raises())
     assert rule.apply(mod["acc4"], cuda_target(), False) is None
     assert "AssertionError: boom" in rule.rejections[0][1]
 
