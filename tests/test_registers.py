@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import tvm
 from tvm.script import tirx as T
+from tvm_costfuse.schedules.cuda import GuardedRule
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement import cuda_source as cuda
 from tvm_costfuse.measurement import registers
 from tvm_costfuse.measurement.registers import KernelResources, SpillCount
-from tvm_costfuse.schedules.cuda import GuardedRule
 from tvm_costfuse.targets import cuda_target
 
 DATA = Path(__file__).parent / "data"
