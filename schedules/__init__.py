@@ -1,7 +1,7 @@
 """Schedules for fused PrimFuncs: LLVM-CPU rules here (``cpu``), CUDA in ``cuda``.
 
-:func:`schedule_pass` runs right after ``FuseTIR``, when every kernel is final; the pipelines
-that place it are ``tvm_costfuse.pipelines.build_pipeline`` for both.
+:func:`schedule_pass` (CPU) and ``cuda.schedule_pass`` run right after ``FuseTIR``, when every
+kernel is final; ``tvm_costfuse.pipelines.default_schedule`` picks one per target kind.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ __all__ = [
     "Contraction",
     "Fallback",
     "RowReduction",
-
     "rules",
     "schedule_pass",
 ]

@@ -2,8 +2,7 @@
 
 train: fit the learned model on every record and save it beside the database
     python scripts/eval_cost_model.py train
-refeature: recompute every row's features with the current schema (keeps the timings)
-    python scripts/eval_cost_model.py refeature
+(Recomputing stored features after the schema grew is ``costfuse refeature``.)
 measure: time the candidate groups of zoo models into tuning_logs/<target>/groups
     python scripts/eval_cost_model.py measure --size small --models mlp_gelu attention
   and of random test programs (tvm_costfuse.models.synthetic: synth-0 .. synth-39):
@@ -39,7 +38,7 @@ from tvm_costfuse.cost.learned import (
 from tvm_costfuse.cost.measured import MeasuredModel
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
-from tvm_costfuse.tuning.feedback import MeasureConfig, measure_model, refeature
+from tvm_costfuse.tuning.feedback import MeasureConfig, measure_model
 
 
 def _measure(args) -> None:
@@ -61,11 +60,6 @@ def _measure(args) -> None:
         print(f"{model}: measured {s.measured}, failed {s.failed}, reused {s.reused}, "
               f"unformable {s.unformable}, views {s.views}, "
               f"skipped {s.skipped} in {s.seconds:.0f} s", flush=True)
-
-
-def _refeature(args) -> None:
-    rows, n_models = refeature(args.work_dir)
-    print(f"recomputed the features of {rows} rows of {n_models} models")
 
 
 def _pairs(rows: list[dict]) -> list[tuple[dict, dict, dict]]:
@@ -211,8 +205,6 @@ def main(argv=None) -> int:
     m.add_argument("--work-dir", default=None)
     m.add_argument("--synthetic", type=int, default=0, metavar="N",
                    help="measure the random programs synth-0 .. synth-N-1 instead of the zoo")
-    r = sub.add_parser("refeature", help="recompute stored features with the current schema")
-    r.add_argument("--work-dir", default=None)
     t = sub.add_parser("train", help="train on every record and save xgb_model.json beside it")
     t.add_argument("--work-dir", default=None)
     e = sub.add_parser("evaluate", help="leave-one-model-out: analytical vs learned")
@@ -223,8 +215,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "measure":
         _measure(args)
-    elif args.cmd == "refeature":
-        _refeature(args)
     elif args.cmd == "train":
         work_dir = args.work_dir or default_work_dir(host_target())
         model = train(work_dir, for_target(host_target()))

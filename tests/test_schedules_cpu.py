@@ -369,3 +369,12 @@ def test_epilogue_inline_keeps_a_tensor_other_blocks_read():
                      relax_pipeline=build_pipeline(TARGET, ApplyPartition([group]),
                                                    schedule_pass(TARGET)))
     assert max_mismatch(ref, run(ex, inputs)) <= 1.0
+
+
+def test_rules_cover_every_schedule_class_the_cost_models_price():
+    """Each final schedule class (what the features assign and the cost models table) is the
+    class of some CPU rule's kernels, and each rule names only known classes."""
+    from tvm_costfuse.schedules.classes import FINAL
+
+    produced = [c for rule in rules() for c in rule.classes]
+    assert set(produced) == set(FINAL)

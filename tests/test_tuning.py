@@ -8,6 +8,7 @@ start-up (each worker imports TVM).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import tvm
@@ -16,7 +17,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import assert_close, build, run
 from tvm_costfuse.targets import host_target
-from tvm_costfuse.tuning.metaschedule import default_work_dir, fuse, tune_model, tuned_pipeline
+from tvm_costfuse.tuning.database import default_work_dir
+from tvm_costfuse.tuning.metaschedule import fuse, target_dir, tune_model, tuned_pipeline
 
 TUNED = "fused_matmul_add_gelu"  # FuseOps' first group in mlp_gelu: the one we tune
 UNTUNED = "fused_matmul1_add1"  # the second Linear: left to our rules
@@ -89,7 +91,11 @@ def test_missing_database_is_an_error(target, tmp_path):
         tuned_pipeline(target, tmp_path)
 
 
-def test_default_work_dir_names_the_cpu(target):
-    path = default_work_dir(target)
-    assert path.parent.name == "tuning_logs"
-    assert path.name == f"llvm-{target.attrs['mcpu']}"
+def test_tuning_folders_name_the_cpu_under_the_repository(target):
+    """Meta-schedule tunes into tuning_logs/<kind>-<mcpu>/ at the repository root (where the
+    committed databases are), candidate groups into its groups/ folder."""
+    root = Path(__file__).resolve().parents[1] / "tuning_logs"
+    assert target_dir(target) == root / f"llvm-{target.attrs['mcpu']}"
+    assert default_work_dir(target) == target_dir(target) / "groups"
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    assert target_dir(cuda) == root / "cuda-sm_90"

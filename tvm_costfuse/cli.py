@@ -98,8 +98,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _model_spec(text: str) -> str:
     """argparse type of a model argument: a registry name or an existing model file."""
-    if models.is_name(text):
-        return text
+    if models.is_name(text) or (":" in text and not text.endswith((".onnx", ".pt2"))):
+        return text  # a name, or package.module:function returning (torch module, args)
     if text.endswith((".onnx", ".pt2")):
         if not Path(text).is_file():
             raise argparse.ArgumentTypeError(f"model file {text!r} does not exist")

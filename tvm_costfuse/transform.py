@@ -1,4 +1,4 @@
-"""CostFuse: the module pass that takes FuseOps' place, and the pipelines that use it.
+"""CostFuse: the module pass that takes FuseOps' place (``pipelines`` puts it there).
 
 It must run where FuseOps runs: after LegalizeOps + AnnotateTIROpPattern (+ FoldConstant), so
 every op is a pattern-annotated call_tir, and before FuseTIR, which turns each grouped
@@ -32,7 +32,7 @@ def _unmodelled(graph) -> set[str]:
 def plan_module(
     mod: tvm.IRModule, target: TargetDesc, config: FusionConfig, func_name: str = "main"
 ) -> FusionPlan:
-    """Plan fusion for ``mod[func_name]`` (a module after ``passes.prepare``)."""
+    """Plan fusion for ``mod[func_name]`` (a module after ``pipelines.prepare``)."""
     graph = build_graph(mod, func_name)
     skip = _unmodelled(graph)
     frozen = []

@@ -60,10 +60,12 @@ from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from eval_cost_model import _median, _pairs
+from eval_cost_model import _pairs
+
+from tvm_costfuse.cost.learned import measured_seconds
 
 PAIR_SCALE = 0.1  # weight of the per-kernel term in the pairwise objective
-# The learned model's trees before the coverage radius , which the variants
+# The learned model's trees before the coverage radius, which the variants
 # below were scored with; and a looser setting.
 _SHALLOW = {**learned._PARAMS, "max_depth": 3, "eta": 0.08, "min_child_weight": 10.0,
             "reg_lambda": 20.0}
@@ -82,7 +84,7 @@ class Data:
                      if learned._usable(r)]
         self.x = np.array([learned._inputs(learned._features_of(r), self.desc)[0]
                            for r in self.rows])
-        self.y = np.array([math.log(_median(r)) for r in self.rows])
+        self.y = np.array([math.log(measured_seconds(r)) for r in self.rows])
         names = learned.input_names()
         self.margin = self.x[:, names.index("log_analytical")]
         self.terms = [i for i, n in enumerate(names) if n.startswith(("is_", "log_"))

@@ -3,7 +3,7 @@
 Why: ``schedules/prepack.py`` stores constant contraction weights tile-major so a kernel's time
 no longer depends on where the allocator put its weight. This compiles each model's FuseOps
 plan (the same partition both ways) ``--builds`` times with packing and without, times every
-build interleaved in one process (``measure.interleaved_samples``), checks each build's outputs
+build interleaved in one process (``timing.interleaved_samples``), checks each build's outputs
 against TVM's stock build, and prints per variant the median over all samples and the span of
 the builds' medians.
 

@@ -29,9 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..tuning.database import GroupDatabase
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
 from .features import GroupFeatures
+from .learned import _features_of, _target_work_dir, _usable, measured_seconds
 
 __all__ = ["MeasuredModel", "key", "load_measured"]
 
@@ -66,8 +68,6 @@ class MeasuredModel:
     def from_rows(cls, rows: Iterable[dict]) -> MeasuredModel:
         """From features rows (``GroupDatabase.rows()``): the median over a group's successful
         rows; failed builds and lone reshapes (views in a model) are left out."""
-        from .learned import _features_of, _usable, measured_seconds
-
         samples: dict[str, list[float]] = {}
         for row in filter(_usable, rows):
             samples.setdefault(key(_features_of(row)), []).append(measured_seconds(row))
@@ -93,9 +93,6 @@ def load_measured(target, work_dir: str | Path | None = None) -> MeasuredModel:
     """The measured model for ``target`` (a TargetDesc) from ``work_dir`` (default
     ``tuning_logs/<kind>-<arch>/groups``). With no measurements there, every query is
     answered analytically, and a warning says so."""
-    from ..tuning.database import GroupDatabase
-    from .learned import _target_work_dir
-
     work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
     if not (work_dir / "features.jsonl").exists():
         _log.warning("no measured groups in %s: the measured cost model will answer "

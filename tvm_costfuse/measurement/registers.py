@@ -22,6 +22,10 @@ from dataclasses import dataclass
 
 import tvm
 
+from .. import models
+from ..targets import cuda_target
+from . import cuda_source as cuda
+
 __all__ = [
     "KernelResources",
     "KernelRow",
@@ -366,12 +370,7 @@ def cuda_register_report(
     list of KernelRow
         One per kernel, in the order TVM emitted them.
     """
-    from ..targets import cuda_target
-    from . import cuda_source as cuda
-
     if isinstance(mod_or_name, str):
-        from .. import models
-
         mod_or_name, _ = models.load(mod_or_name, small=small)
     ex = cuda.compile_cuda(mod_or_name, cuda_target(arch), fusion_pass)
     src = cuda.cuda_source(ex)

@@ -41,9 +41,10 @@ def corpus_names() -> list[str]:
     """The corpus' model names; none when its packages (the ``corpus`` extra) are missing."""
     try:
         from . import corpus
+
+        return corpus.names()  # imports torch, torchvision and transformers
     except ImportError:
         return []
-    return corpus.names()
 
 
 def names() -> list[str]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from ..measurement.cuda_source import cuda_source, kernel_sources
+from ..measurement.registers import cpu_spill_report, find_nvcc, ptxas_report
+
 __all__ = ["CSV_FIELDS", "Cell", "KernelRegs", "cpu_regs", "cuda_regs"]
 
 
@@ -53,9 +56,6 @@ CSV_FIELDS = [f.name for f in fields(Cell) if f.name != "kernel_regs"]
 
 
 def cuda_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
-    from ..measurement.cuda_source import cuda_source, kernel_sources
-    from ..measurement.registers import find_nvcc, ptxas_report
-
     kernels = list(kernel_sources(ex))
     if find_nvcc() is None:
         return tuple(KernelRegs(k, None, 0) for k in kernels), "no nvcc: registers unknown"
@@ -69,8 +69,6 @@ def cuda_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
 
 
 def cpu_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
-    from ..measurement.registers import cpu_spill_report
-
     try:
         report = cpu_spill_report(ex)
     except ImportError as err:

@@ -5,7 +5,7 @@ written to global memory (``explain.kernels_of`` / ``explain.intermediate_bytes`
 strategy's partition, planned once and built as planned with ``ApplyPartition``; on a measured
 target the kernels one run launches are counted and must match), the analytical model's
 predicted time for that partition (``planner.plan_cost``), the roofline bound of the model on the target, and -- where the target
-is present -- the measured time (all strategies of a model timed interleaved, ``measure``) with
+is present -- the measured time (all strategies of a model timed interleaved, ``measurement.timing``) with
 numerics checked against the ``none`` strategy. Register and spill figures come from the backend
 compilers: ptxas per CUDA kernel, LLVM's x86 spill comments per CPU kernel (``registers``).
 CUDA is compiled offline (no GPU needed, ``nvcc`` for registers); it is measured only when a GPU
@@ -29,6 +29,7 @@ import tvm
 
 from .. import models
 from ..config import FusionConfig, register_config_keys
+from ..cost import learned
 from ..cost.features import group_features
 from ..graph import OpGraph, build_graph
 from ..measurement.timing import interleaved_medians, max_mismatch, run
@@ -48,7 +49,7 @@ __all__ = ["COMPARED", "TARGETS", "Cell", "compare", "markdown_table"]
 
 COMPARED = ("none", "tvm", "rules", "costfuse", "costfuse-xgb")
 TARGETS = ("llvm", "cuda")
-# Outputs within measure.max_mismatch's tolerance (rtol 1e-4, atol 1e-5) count as equal.
+# Outputs within timing.max_mismatch's tolerance (rtol 1e-4, atol 1e-5) count as equal.
 _MISMATCH_OK = 1.0
 # Failed cells keep this much of the error (the first line names the exception).
 _ERROR_CHARS = 400
@@ -75,10 +76,6 @@ def _split(strategy: str) -> tuple[str, dict]:
 
 def _check_learned(desc: TargetDesc) -> None:
     """Raise unless a trained learned model exists for ``desc`` (no silent training here)."""
-    try:
-        from ..cost import learned
-    except ImportError as err:
-        raise RuntimeError(f"tvm_costfuse.cost.learned is not available: {err}") from err
     meta = learned.model_path(desc).parent / learned.META_FILE
     if not meta.exists():
         raise RuntimeError(
@@ -309,7 +306,7 @@ def _progress(total: int, enabled: bool):
 
 
 def compare(
-    models: Sequence[str],
+    specs: Sequence[str],
     strategies: Sequence[str] = ("none", "tvm", "rules", "costfuse"),
     targets: Sequence[str] = ("llvm",),
     out_dir: str | os.PathLike | None = None,
@@ -324,7 +321,7 @@ def compare(
 
     Parameters
     ----------
-    models
+    specs
         Zoo names (``"all"`` expands to the zoo), ``.onnx`` paths, or ``module:function``
         returning ``(torch.nn.Module, example_args)``.
     strategies
@@ -343,9 +340,9 @@ def compare(
         Model-major, then target, then strategy.
     """
     register_config_keys()
-    models = expand_models(models)
+    specs = expand_models(specs)
     tgts = _targets(targets, gpu, measure_cuda)
-    bar = _progress(len(models) * len(strategies) * len(tgts), progress)
+    bar = _progress(len(specs) * len(strategies) * len(tgts), progress)
 
     def tick(label: str) -> None:
         bar.set_description(label)
@@ -353,7 +350,7 @@ def compare(
 
     cells: list[Cell] = []
     try:
-        for spec in models:
+        for spec in specs:
             cells += _model_cells(spec, strategies, tgts, small, repeat, tick)
     finally:
         bar.close()

@@ -101,7 +101,7 @@ def explain(
     ----------
     model
         A zoo model name (``small`` picks its test variant) or an IRModule before fusion; it is
-        run through ``passes.prepare`` either way.
+        run through ``pipelines.prepare`` either way.
     target
         Anything :func:`tvm_costfuse.targets.resolve` takes: a preset name (``host``, ``h100``,
         ``h200``, ``a100``), a ``tvm.target.Target`` or a ``TargetDesc``.
@@ -120,8 +120,9 @@ def explain(
     name = model if isinstance(model, str) else "<module>"
     if isinstance(model, str):
         model, _ = models.load(model, small=small)
-    mod = prepare(model)
-    desc = resolve(target).desc
+    resolved = resolve(target)
+    mod = prepare(model, resolved.tvm)
+    desc = resolved.desc
     cfg = FusionConfig.resolve(**config)
     plan = plan_module(mod, desc, cfg, func_name)
     graph = build_graph(mod, func_name)

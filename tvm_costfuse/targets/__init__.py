@@ -94,16 +94,18 @@ def for_target(target, gpu: str | None = None) -> TargetDesc:
     """The description for a ``tvm.target.Target`` (or its dict / string / tag form).
 
     llvm -> :func:`host` with the target's ``num-cores`` and ``mcpu`` (a CPU other than this
-    one is described with its own vector width); cuda -> the preset named ``gpu`` when given,
+    one, or none: generic x86-64, is described with its own vector width, as the schedules
+    tile for it); cuda -> the preset named ``gpu`` when given,
     else by arch (sm_90/sm_90a -> h100, sm_80 -> a100).
     """
     target = tvm.target.Target(target)
     kind = target.kind.name
     if kind == "llvm":
         cores = target.attrs.get("num-cores")
-        mcpu = str(target.attrs.get("mcpu", "") or "") or None
+        # No mcpu is LLVM's generic x86-64 (SSE2): the ISA its kernels are compiled for.
+        mcpu = str(target.attrs.get("mcpu", "") or "") or "x86-64"
         return host(num_cores=int(cores) if cores else None,
-                    mcpu=None if mcpu in (None, host_cpu()) else mcpu)
+                    mcpu=None if mcpu == host_cpu() else mcpu)
     if kind == "cuda":
         if gpu is not None:
             return preset(gpu)
@@ -123,9 +125,11 @@ def resolve(spec=None, *, gpu: str | None = None, desc: TargetDesc | None = None
     Parameters
     ----------
     spec
-        None (``Target.current()``), a name (``host``/``llvm``: this CPU; ``h100``, ``h200``,
-        ``a100``; ``cuda``: the ``gpu`` preset, default :data:`DEFAULT_GPU`), a
-        ``tvm.target.Target`` or its dict form, a :class:`TargetDesc` or a :class:`Target`.
+        None (``Target.current()``); a name: ``host`` or ``llvm`` (this CPU with its real ISA,
+        as :func:`host_target`), ``h100``, ``h200``, ``a100``, ``cuda`` (the ``gpu`` preset,
+        default :data:`DEFAULT_GPU`); a ``tvm.target.Target`` or its dict form, taken as it is
+        (an llvm target without ``mcpu`` is generic x86-64); a :class:`TargetDesc`; a
+        :class:`Target`.
     gpu
         The preset a CUDA target is priced as (default: by arch, see :func:`for_target`).
     desc
@@ -134,8 +138,7 @@ def resolve(spec=None, *, gpu: str | None = None, desc: TargetDesc | None = None
     if isinstance(spec, Target):
         return spec if desc is None else Target(spec.tvm, desc)
     if isinstance(spec, TargetDesc):
-        return Target(host_target(spec.cores) if spec.name == "host" else spec.tvm_target(),
-                      desc or spec)
+        return Target(spec.tvm_target(), desc or spec)
     if spec is None:
         current = tvm.target.Target.current()
         if current is None:

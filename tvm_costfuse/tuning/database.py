@@ -31,7 +31,7 @@ __all__ = ["FAILED_RUN_SECS", "GroupDatabase", "default_work_dir", "workload_has
 # meta-schedule's run time for a candidate that failed to build or run.
 FAILED_RUN_SECS = 1e10
 FEATURES_FILE = "features.jsonl"
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # tvm_costfuse/tuning/ -> the repository
 
 
 def target_dir(target: tvm.target.Target | str) -> Path:

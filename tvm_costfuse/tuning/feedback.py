@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -132,9 +133,6 @@ def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     return func, tvm.s_tir.Schedule(func).trace
 
 
-# A kernel under this long per call is timed as CHAIN calls in one VM function, per call =
-# total / CHAIN: the function's own entry and return are then paid once per chain, as a model
-# pays them once for all its kernels (what calibrate's launch figure measures the same way).
 def feature_row(model: str, graph: OpGraph, members, features=None) -> dict:
     """The features part of a group's database row: the learned vector and its context
     (``features``: the group's, when the caller has computed them)."""
@@ -164,7 +162,7 @@ def measure_model(
     model : str
         Name recorded with each group (the leave-one-model-out key).
     mod : IRModule
-        The model (zoo form), or the module after ``passes.prepare`` with ``prepared=True``.
+        The model (zoo form), or the module after ``pipelines.prepare`` with ``prepared=True``.
     target
         Anything :func:`tvm_costfuse.targets.resolve` takes: an LLVM target with ``mcpu`` and
         ``num-cores`` (``targets.host_target()``), a GPU preset name, a resolved ``Target``
@@ -246,7 +244,7 @@ def measure_model(
                 summary.untimed += 1
             else:
                 summary.measured += 1
-            shown = error or (f"{sorted(run_secs)[len(run_secs) // 2] * 1e6:.1f} us"
+            shown = error or (f"{float(np.median(run_secs)) * 1e6:.1f} us"
                               if run_secs else f"not timed ({extra.get('not_timed')})")
             if extra.get("ptxas"):
                 shown += " | {registers} registers, {spill_bytes} B spilled".format(

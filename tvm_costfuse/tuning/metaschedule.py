@@ -30,9 +30,9 @@ from .. import pipelines
 from ..pipelines import build_pipeline
 from ..schedules import schedule_pass
 from ..strategies import fusion_pass
-from .database import target_dir as default_work_dir
+from .database import target_dir
 
-__all__ = ["default_work_dir", "fuse", "tune_model", "tuned_pipeline"]
+__all__ = ["fuse", "target_dir", "tune_model", "tuned_pipeline"]
 
 # Builder workers import tvm.s_tir.tensor_intrin (~17 s on 2 busy cores) before their first build.
 BUILDER_TIMEOUT_S = 180.0
@@ -85,7 +85,7 @@ def tune_model(
         ``targets.host_target()``.
     work_dir : str or Path, optional
         Where ``database_workload.json`` / ``database_tuning_record.json`` (and logs) go;
-        defaults to :func:`default_work_dir`. Records accumulate across calls.
+        defaults to :func:`~tvm_costfuse.tuning.database.target_dir`. Records accumulate across calls.
     max_trials : int
         Measured candidates over all tasks.
     fusion : str
@@ -106,7 +106,7 @@ def tune_model(
         The database holding the records (also on disk).
     """
     target = tvm.target.Target(target)
-    work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)
+    work_dir = Path(work_dir) if work_dir is not None else target_dir(target)
     work_dir.mkdir(parents=True, exist_ok=True)
     fused = fuse(mod, target, fusion)
     names = [t.task_name for t in ms.relax_integration.extract_tasks(fused, target)]
@@ -142,7 +142,7 @@ def tuned_pipeline(
     marked ``tirx.is_scheduled``) -> our rules (skip scheduled PrimFuncs, schedule the rest).
     """
     target = tvm.target.Target(target)
-    work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)
+    work_dir = Path(work_dir) if work_dir is not None else target_dir(target)
     if not (work_dir / "database_tuning_record.json").exists():
         raise FileNotFoundError(f"no tuning database in {work_dir}: run tune_model first")
     with target:  # the pass reads Target.current() when it is created
