@@ -10,6 +10,7 @@ allocation, thread-pool wake-up; short kernels as a chain of calls -- and times 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,7 +18,8 @@ import tvm
 
 from .database import FAILED_RUN_SECS
 
-__all__ = ["MeasureConfig", "build_and_profile_cuda", "build_and_time", "build_and_time_rpc"]
+__all__ = ["MeasureConfig", "build_and_profile_cuda", "build_and_time", "build_and_time_rpc",
+           "check_rpc_tracker"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,45 @@ class MeasureConfig:
     # "host:port:key" of a TVM RPC tracker: build here, run on a server registered under key
     # (e.g. another machine of the target kind); None runs on this machine.
     rpc_tracker: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, lo in (("repeat", 1), ("number", 1), ("min_repeat_ms", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                raise ValueError(f"MeasureConfig.{name} must be an int >= {lo}, got {value!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"MeasureConfig.timeout_s must be > 0, got {self.timeout_s!r}")
+
+
+# How long the tracker check waits for a TCP connection: a tracker that answers at all
+# answers in milliseconds; TVM's own client retries for a minute instead.
+_TRACKER_CONNECT_S = 5.0
+
+
+def check_rpc_tracker(spec: str, timeout_s: float = _TRACKER_CONNECT_S) -> str:
+    """``spec`` (``host:port:key``) unchanged once the tracker answers and has a server
+    registered under ``key``; ValueError naming what is wrong otherwise. Run before measuring:
+    a tracker that cannot serve would otherwise fail every candidate the same way."""
+    parts = spec.rsplit(":", 2)
+    if len(parts) != 3 or not all(parts) or not parts[1].isdigit():
+        raise ValueError(f"RPC tracker {spec!r} is not HOST:PORT:KEY")
+    host, port, key = parts[0], int(parts[1]), parts[2]
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise ValueError(f"RPC tracker {host}:{port} is unreachable: "
+                         f"{err.strerror or type(err).__name__}") from None
+    from tvm import rpc
+
+    try:
+        servers = rpc.connect_tracker(host, port).summary()["server_info"]
+    except Exception as err:  # noqa: BLE001 -- something listens there, not a tracker
+        raise ValueError(f"{host}:{port} does not answer as a TVM RPC tracker: {err}") from None
+    keys = sorted({str(s.get("key", "")).split(":", 1)[-1] for s in servers})
+    if key not in keys:
+        raise ValueError(f"RPC tracker {host}:{port} has no server under key {key!r} "
+                         f"(registered: {', '.join(keys) or 'none'})")
+    return spec
 
 
 CHAIN = 8
