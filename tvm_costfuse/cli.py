@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -28,6 +29,7 @@ from .cli_args import (
     rpc_tracker,
 )
 from .config import FusionConfig
+from .cost.learned import ModelFileError
 from .graph import build_graph
 from .measurement.timing import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
@@ -35,6 +37,7 @@ from .pipelines import prepare
 from .report.compare import COMPARED, TARGETS
 from .strategies import STRATEGIES, strategy_pipeline
 from .targets import host_target, preset_names, resolve
+from .tuning.integrity import DatabaseLocked, exclusive
 
 
 def _load(spec: str, small: bool):
@@ -147,7 +150,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          "GPU machine itself")
     resolved = resolve(args.target)  # a GPU preset: CUDA kernels, ptxas always, timed on a GPU
     target, desc = resolved.tvm, resolved.desc
-    work_dir = args.work_dir or default_work_dir(target)
+    work_dir = Path(args.work_dir or default_work_dir(target))
+    if not args.wait:  # refuse a held folder before building anything (measuring re-checks)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive(work_dir):
+            pass
     mod, _ = _load(args.model, args.small)
     model_name = models.variant_name(args.model, args.small)  # as the scripts record it
     prepared = prepare(mod, target)
@@ -161,17 +168,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
         else:
             print(line, flush=True)
 
-    summary = measure_model(model_name, prepared, resolved, work_dir,
-                            MeasureConfig(repeat=args.repeat, rpc_tracker=args.rpc_tracker),
-                            max_groups=args.budget,
-                            prepared=True, log=log)
-    if bar is not None:
-        bar.close()
+    try:
+        summary = measure_model(model_name, prepared, resolved, work_dir,
+                                MeasureConfig(repeat=args.repeat, rpc_tracker=args.rpc_tracker),
+                                max_groups=args.budget, prepared=True, log=log, wait=args.wait)
+    finally:
+        if bar is not None:
+            bar.close()
+    for note in summary.repairs:
+        print(f"repaired: {note}", file=sys.stderr)
     print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "
           f"already recorded {summary.skipped}, unformable {summary.unformable}, "
           f"views {summary.views}"
           + (f", compiled and ptxas-profiled but not timed (no GPU) {summary.untimed}"
              if summary.untimed else "")
+          + (f", {summary.environment} of the failures environmental (measured again next "
+             "time)" if summary.environment else "")
           + f" into {work_dir}")
     learned = train(work_dir, desc)
     after = plan_greedy(build_graph(prepared), desc, FusionConfig(cost_model="xgb"), learned)
@@ -270,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT:KEY",
                       type=rpc_tracker,
                       help="run the kernels on an RPC server from this TVM tracker")
+    tune.add_argument("--wait", action="store_true",
+                      help="another session writing the folder: wait for it (default: refuse)")
     tune.set_defaults(func=cmd_tune)
     ref = sub.add_parser("refeature", help="recompute the features of recorded groups (after "
                          "the feature schema grew), keeping their timings")
@@ -288,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     np.set_printoptions(precision=4)
     try:
         return args.func(args)
-    except UsageError as err:
+    except (UsageError, DatabaseLocked, ModelFileError) as err:
         print(f"costfuse {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -186,7 +186,9 @@ def build_and_time_rpc(func_json: str, target_json: dict, number: int, repeat: i
     try:
         session = rpc.connect_tracker(host, int(port)).request(key, session_timeout=120)
     except Exception as err:  # noqa: BLE001
-        raise RuntimeError(f"run: no RPC server for key {key!r} at {host}:{port}: {err}") from None
+        # The tracker's trouble, not the kernel's: "rpc:" makes it an environmental failure.
+        raise RuntimeError(f"rpc: no RPC server for key {key!r} at {host}:{port}: {err}"
+                           ) from None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.so")
         ex.export_library(path)
@@ -234,7 +236,7 @@ def build_and_profile_cuda(func_json: str, target_json: dict, number: int, repea
         out["run_secs"] = _time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number,
                                    repeat, min_repeat_ms)
     except RuntimeError as err:  # a failed run keeps what ptxas said
-        out["run_secs"], out["error"] = [1e10], str(err)[:500]
+        out["run_secs"], out["error"] = [1e10], str(err)
     return out
 
 
@@ -255,7 +257,8 @@ class _Runner:
 
     def __call__(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target, n_out: int = 1
                  ) -> tuple[list[float], str | None, dict]:
-        """(run seconds, error or None, what else the worker measured: ``ptxas`` on CUDA)."""
+        """(run seconds, error or None, what else the worker measured: ``ptxas`` on CUDA).
+        The error is the full text (``database.failure_kind`` says whose fault it was)."""
         c = self.config
         args = (tvm.ir.save_json(func), target.export(), c.number, c.repeat, c.min_repeat_ms)
         if c.rpc_tracker is not None:
@@ -267,8 +270,8 @@ class _Runner:
         except TimeoutError:
             return [FAILED_RUN_SECS], f"timeout: build + run exceeded {c.timeout_s} s", {}
         except Exception as err:  # noqa: BLE001 -- worker crash, build or run error
-            message = str(err).strip().splitlines()
-            return [FAILED_RUN_SECS], (message[0] if message else type(err).__name__)[:500], {}
+            # The whole text: from a worker it is the traceback, the message on its last line.
+            return [FAILED_RUN_SECS], str(err).strip() or type(err).__name__, {}
         if isinstance(out, dict):
             extra = {k: v for k, v in out.items() if k not in ("run_secs", "error")}
             return list(out["run_secs"]), out.get("error"), extra
