@@ -79,8 +79,10 @@ def test_costfuse_writes_fewer_intermediates_than_tvm_on_cuda(run, model):
     assert cf.spilling_kernels == 0
 
 
-def test_cli_compare_failed_model_does_not_crash(tmp_path, capsys):
-    assert main(["compare", "--models", "no_such_model", "--strategies", "tvm",
-                 "--targets", "llvm", "--out", str(tmp_path), "--no-progress"]) == 0
-    assert "FAILED: load: ValueError: unknown model" in capsys.readouterr().out
+def test_cli_compare_model_that_fails_to_load_is_a_failed_cell(tmp_path, capsys):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"not a protobuf")
+    assert main(["compare", "--models", str(bad), "--strategies", "tvm",
+                 "--targets", "llvm", "--out", str(tmp_path), "--no-progress"]) == 1
+    assert "FAILED: load: DecodeError" in capsys.readouterr().out
     assert (tmp_path / "compare.csv").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import tvm
 from conftest import prepared
 from tvm.s_tir import meta_schedule as ms
@@ -175,12 +176,13 @@ def test_rpc_tracker_runner_measures_on_a_localhost_server(tmp_path):
         assert summary.measured == 1 and summary.failed == 0, summary.errors
         (row,) = GroupDatabase(tmp_path).rows()
         assert 0 < min(row["run_secs"]) < FAILED_RUN_SECS
-        # No server under this key: the request waits, and the timeout becomes a failed record.
+        # No server under this key: refused before measuring (it would fail every candidate).
         bad = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=15,
                             rpc_tracker=f"127.0.0.1:{tracker.port}:no-such-key")
-        other = measure_model("rmsnorm@rpc-bad", mod, host_target(), tmp_path / "bad", bad,
-                              groups=[group], prepared=True)
-        assert other.failed == 1 and "timeout" in other.errors[0]
+        with pytest.raises(ValueError, match="no server under key 'no-such-key'"):
+            measure_model("rmsnorm@rpc-bad", mod, host_target(), tmp_path / "bad", bad,
+                          groups=[group], prepared=True)
+        assert not (tmp_path / "bad" / "features.jsonl").exists()
     finally:
         server.terminate()
         tracker.terminate()

@@ -234,3 +234,13 @@ def test_imported_model_with_repeated_names_builds_with_costfuse() -> None:
     assert _grouped_functions(fused)
     assert_close(run(build(fused), inputs), want)
     assert_close(run(build(apply_partition(prep, fuseops_groups(prep))), inputs), want)
+
+
+def test_unlegalized_module_names_the_op_and_the_fix() -> None:
+    mod, _ = models.load("mlp_gelu", small=True)  # before prepare: relax.matmul, not call_tir
+    with pytest.raises(PartitionError) as err:
+        apply_partition(mod, [["matmul", "add"]])
+    message = str(err.value)
+    assert "a call to relax.matmul, not a call_tir" in message
+    assert "not legalized" in message and "prepare" in message
+    assert "ir.Op(" not in message and "description" not in message

@@ -121,9 +121,22 @@ def test_exact_is_never_worse_than_greedy(seed: int, branchy: bool) -> None:
     assert plan_cost(graph, H100, config, exact.groups) == pytest.approx(exact.seconds)
 
 
-def test_exact_refuses_big_graphs() -> None:
-    with pytest.raises(ValueError, match="units > max_units 9"):
-        plan_exact(random_dag(30), H100, FusionConfig())
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_on_a_big_graph_searches_regions_and_never_loses_to_greedy(seed: int) -> None:
+    graph = random_dag(30, seed=seed, fan_in=0.5)
+    config = FusionConfig()
+    greedy = plan_greedy(graph, H100, config)
+    exact = plan_exact(graph, H100, config)
+    assert exact.seconds <= greedy.seconds * (1 + 1e-9)
+    assert plan_cost(graph, H100, config, exact.groups) == pytest.approx(exact.seconds)
+    assert "exact search per region" in exact.notes[0] and "greedy elsewhere" in exact.notes[0]
+    members = [n for g in exact.estimates for n in g]
+    assert len(members) == len(set(members))  # a partition
+    assert _Quotient(graph, [frozenset(g) for g in exact.estimates]).is_acyclic()
+
+
+def test_exact_on_a_small_graph_is_one_region_without_a_note() -> None:
+    assert plan_exact(random_dag(8, seed=1), H100, FusionConfig()).notes == ()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,6 +35,28 @@ def test_costfuse_pipeline_compiles_for_cuda_offline(name: str) -> None:
     assert sources and all("__global__" in s for s in sources.values())
 
 
+@pytest.mark.parametrize("name", models.names())
+def test_exact_search_compiles_every_zoo_model(name: str) -> None:
+    # Graphs beyond the exact search's size are searched exactly per region, greedily elsewhere.
+    mod, inputs = models.load(name, small=True)
+    with tvm.transform.PassContext(opt_level=3, config={"costfuse.search": "exact"}):
+        ex = tvm.compile(mod, target="llvm", relax_pipeline=tvm_costfuse.pipeline("llvm"))
+    assert_close(run(ex, inputs), reference(name), rtol=1e-4, atol=1e-4)
+
+
+def test_target_preset_is_a_pass_argument_and_must_match_the_target_kind() -> None:
+    mod = prepared("rmsnorm")[0]
+    with tvm.target.Target("llvm"):
+        fuse = CostFuse(target_preset="host")
+        fuse(mod)
+        assert fuse.plans["main"].groups
+        with pytest.raises(ValueError, match="'h100' describes a cuda target.*compiles for llvm"):
+            CostFuse(target_preset="h100")(mod)
+        with (tvm.transform.PassContext(config={"costfuse.target_preset": "h100"}),
+              pytest.raises(ValueError, match="costfuse.target_preset 'h100'")):
+            CostFuse()(mod)
+
+
 def _plan(mod, **kwargs):
     fuse = CostFuse(target="h100", **kwargs)
     fuse(mod)

@@ -16,17 +16,45 @@ import numpy as np
 import tvm
 
 from . import models
+from .cli_args import (
+    UsageError,
+    compare_models,
+    config_int,
+    csv_choices,
+    int_at_least,
+    model_spec,
+    output_dir,
+    output_file,
+    plot_file,
+    rpc_tracker,
+)
 from .config import FusionConfig
+from .cost.learned import ModelFileError
 from .graph import build_graph
 from .measurement.timing import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
 from .pipelines import prepare
+from .report.compare import COMPARED, TARGETS
 from .strategies import STRATEGIES, strategy_pipeline
 from .targets import host_target, preset_names, resolve
+from .tuning.integrity import DatabaseLocked, exclusive
+
+
+def _load(spec: str, small: bool):
+    """``models.load``; a user's file or function that does not load is a UsageError (a
+    registry model that does not load is a bug, and raises as it is)."""
+    if spec in models.names():
+        return models.load(spec, small=small)
+    try:
+        return models.load(spec, small=small)
+    except Exception as err:
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        raise UsageError(f"cannot load model {spec!r}: {type(err).__name__}: "
+                         f"{lines[-1] if lines else ''}") from err
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    mod, inputs = models.load(args.model, small=args.small)
+    mod, inputs = _load(args.model, args.small)
     target = host_target()
     print(f"model {args.model}{' (small)' if args.small else ''}, target {target}")
     executables, compile_s, kernels = {}, {}, {}
@@ -67,7 +95,7 @@ def cmd_models(_args: argparse.Namespace) -> int:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    mod, _ = models.load(args.model, small=args.small)
+    mod, _ = _load(args.model, args.small)
     mod = prepare(mod)
     graph = build_graph(mod)
     group_of = {n: i for i, g in enumerate(fuseops_groups(mod)) for n in g}
@@ -96,34 +124,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_spec(text: str) -> str:
-    """argparse type of a model argument: a registry name or an existing model file."""
-    if models.is_name(text) or (":" in text and not text.endswith((".onnx", ".pt2"))):
-        return text  # a name, or package.module:function returning (torch module, args)
-    if text.endswith((".onnx", ".pt2")):
-        if not Path(text).is_file():
-            raise argparse.ArgumentTypeError(f"model file {text!r} does not exist")
-        return text
-    raise argparse.ArgumentTypeError(
-        f"unknown model {text!r}; choose a name from `costfuse models` or an .onnx/.pt2 path")
-
-
-def _csv_list(text: str) -> list[str]:
-    return [x for x in text.split(",") if x]
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
     from .report.compare import compare, markdown_table
 
-    specs = [m for spec in args.models for m in _csv_list(spec)]
+    specs = [m for group in args.models for m in group]
     start = time.perf_counter()
-    cells = compare(specs, _csv_list(args.strategies), _csv_list(args.targets), args.out,
+    cells = compare(specs, args.strategies, args.targets, args.out,
                     small=args.small, repeat=args.repeat, gpu=args.gpu,
                     measure_cuda=args.measure_cuda, progress=not args.no_progress)
     print(markdown_table(cells))
     failed = sum(not c.ok for c in cells)
     print(f"{len(cells)} cells ({failed} failed) in {time.perf_counter() - start:.0f} s; "
           f"wrote {args.out}/compare.csv, compare.md, kernels.csv and plots", file=sys.stderr)
+    if cells and failed == len(cells):
+        print("costfuse compare: every cell failed", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -141,13 +156,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except ImportError:  # progress is a convenience: plain lines then
         tqdm = None
     if args.target != "host" and args.rpc_tracker:
-        print("costfuse tune: --rpc-tracker times CPU kernels only; run a GPU target on the "
-              "GPU machine itself", file=sys.stderr)
-        return 2
+        raise UsageError("--rpc-tracker times CPU kernels only; run a GPU target on the "
+                         "GPU machine itself")
     resolved = resolve(args.target)  # a GPU preset: CUDA kernels, ptxas always, timed on a GPU
     target, desc = resolved.tvm, resolved.desc
-    work_dir = args.work_dir or default_work_dir(target)
-    mod, _ = models.load(args.model, small=args.small)
+    work_dir = Path(args.work_dir or default_work_dir(target))
+    if not args.wait:  # refuse a held folder before building anything (measuring re-checks)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive(work_dir):
+            pass
+    mod, _ = _load(args.model, args.small)
     model_name = models.variant_name(args.model, args.small)  # as the scripts record it
     prepared = prepare(mod, target)
     before = plan_module(prepared, desc, FusionConfig(cost_model="analytical"))
@@ -160,17 +178,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
         else:
             print(line, flush=True)
 
-    summary = measure_model(model_name, prepared, resolved, work_dir,
-                            MeasureConfig(repeat=args.repeat, rpc_tracker=args.rpc_tracker),
-                            max_groups=args.budget,
-                            prepared=True, log=log)
-    if bar is not None:
-        bar.close()
+    try:
+        summary = measure_model(model_name, prepared, resolved, work_dir,
+                                MeasureConfig(repeat=args.repeat, rpc_tracker=args.rpc_tracker),
+                                max_groups=args.budget, prepared=True, log=log, wait=args.wait)
+    finally:
+        if bar is not None:
+            bar.close()
+    for note in summary.repairs:
+        print(f"repaired: {note}", file=sys.stderr)
     print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "
           f"already recorded {summary.skipped}, unformable {summary.unformable}, "
           f"views {summary.views}"
           + (f", compiled and ptxas-profiled but not timed (no GPU) {summary.untimed}"
              if summary.untimed else "")
+          + (f", {summary.environment} of the failures environmental (measured again next "
+             "time)" if summary.environment else "")
           + f" into {work_dir}")
     learned = train(work_dir, desc)
     after = plan_greedy(build_graph(prepared), desc, FusionConfig(cost_model="xgb"), learned)
@@ -194,78 +217,104 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .measurement.calibrate import main as calibrate_main
 
     argv = ["--quick"] if args.quick else []
-    argv += ["--cores", str(args.cores)] if args.cores else []
+    argv += ["--cores", str(args.cores)] if args.cores is not None else []
     argv += ["--path", args.path] if args.path else []
     calibrate_main(argv)
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors as one line (``costfuse explain: error: argument ...``), exit status 2; the
+    usage is one ``--help`` away."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="costfuse", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="costfuse", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compare fusion strategies on a zoo model")
-    demo.add_argument("--model", default="layernorm_mlp", type=_model_spec)
+    demo.add_argument("--model", default="layernorm_mlp", type=model_spec)
     demo.add_argument("--small", action="store_true", help="use the tiny test variant")
-    demo.add_argument("--repeat", type=int, default=5, help="timed repeats (median reported)")
+    demo.add_argument("--repeat", type=int_at_least(1), default=5,
+                      help="timed repeats (median reported)")
     demo.set_defaults(func=cmd_demo)
     sub.add_parser("models", aliases=["zoo"], help="list the models loadable by name"
                    ).set_defaults(func=cmd_models)
     graph = sub.add_parser("graph", help="print a model's op graph and FuseOps' groups")
-    graph.add_argument("model", type=_model_spec)
+    graph.add_argument("model", type=model_spec)
     graph.add_argument("--small", action="store_true")
     graph.set_defaults(func=cmd_graph)
     explain = sub.add_parser("explain", help="CostFuse's plan for a model, with reasons and costs")
-    explain.add_argument("model", type=_model_spec)
+    explain.add_argument("model", type=model_spec)
     explain.add_argument("--target", default="host", choices=preset_names())
     explain.add_argument("--small", action="store_true")
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
-    explain.add_argument("--plot", metavar="PNG", help="draw the fused graph to this file")
-    explain.add_argument("--max-chain-length", type=int)
-    explain.add_argument("--max-body-ops", type=int)
-    explain.add_argument("--register-budget", type=int)
+    explain.add_argument("--plot", metavar="PNG", type=plot_file,
+                         help="draw the fused graph to this file")
+    explain.add_argument("--max-chain-length", type=config_int("max_chain_length"))
+    explain.add_argument("--max-body-ops", type=config_int("max_body_ops"))
+    explain.add_argument("--register-budget", type=config_int("register_budget"))
     explain.set_defaults(func=cmd_explain)
     cmp = sub.add_parser("compare", help="models x strategies x targets: kernels, bytes, "
                          "predicted/measured time, registers; CSV, markdown and plots")
-    cmp.add_argument("--models", nargs="+", default=["all"],
+    cmp.add_argument("--models", nargs="+", default=[["all"]], type=compare_models,
                      help="model names, 'all' (the zoo), 'corpus', .onnx/.pt2 paths, "
                           "module:function (torch); comma-separated or repeated")
-    cmp.add_argument("--strategies", default="none,tvm,rules,costfuse,costfuse-xgb")
-    cmp.add_argument("--targets", default="llvm", help="llvm and/or cuda (cuda: offline)")
+    cmp.add_argument("--strategies", default=list(COMPARED), type=csv_choices(COMPARED),
+                     help=f"comma-separated, from {','.join(COMPARED)}")
+    cmp.add_argument("--targets", default=["llvm"], type=csv_choices(TARGETS),
+                     help="llvm and/or cuda (cuda: offline)")
     cmp.add_argument("--gpu", default="h200", choices=[n for n in preset_names() if n != "host"],
                      help="description the cuda target is compiled and priced for")
-    cmp.add_argument("--out", default="compare_results", help="output folder")
+    cmp.add_argument("--out", default="compare_results", type=output_dir,
+                     help="output folder")
     cmp.add_argument("--small", action="store_true", help="the zoo's small shapes")
-    cmp.add_argument("--repeat", type=int, default=5, help="interleaved timing rounds")
+    cmp.add_argument("--repeat", type=int_at_least(1), default=5,
+                     help="interleaved timing rounds")
     cmp.add_argument("--measure-cuda", action=argparse.BooleanOptionalAction, default=None,
                      help="time CUDA builds (default: when a GPU is present)")
     cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
     cmp.set_defaults(func=cmd_compare)
     tune = sub.add_parser("tune", help="measure candidate groups into tuning_logs/, retrain the "
                           "learned model, re-plan (resumable: recorded groups are not re-measured)")
-    tune.add_argument("model", type=_model_spec)
-    tune.add_argument("--budget", type=int, default=32, help="candidate groups to measure")
+    tune.add_argument("model", type=model_spec)
+    tune.add_argument("--budget", type=int_at_least(1), default=32,
+                      help="candidate groups to measure")
     tune.add_argument("--small", action="store_true")
     tune.add_argument("--target", default="host", choices=preset_names(),
                       help="host CPU (timed here), or a GPU preset (CUDA kernels: ptxas "
                            "registers and spills always, times where a GPU is present)")
-    tune.add_argument("--repeat", type=int, default=3)
-    tune.add_argument("--work-dir", default=None, help="default tuning_logs/<target>/groups")
+    tune.add_argument("--repeat", type=int_at_least(1), default=3)
+    tune.add_argument("--work-dir", default=None, type=output_dir,
+                      help="default tuning_logs/<target>/groups")
     tune.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT:KEY",
+                      type=rpc_tracker,
                       help="run the kernels on an RPC server from this TVM tracker")
+    tune.add_argument("--wait", action="store_true",
+                      help="another session writing the folder: wait for it (default: refuse)")
     tune.set_defaults(func=cmd_tune)
     ref = sub.add_parser("refeature", help="recompute the features of recorded groups (after "
                          "the feature schema grew), keeping their timings")
     ref.add_argument("--target", default="host", choices=preset_names())
-    ref.add_argument("--work-dir", default=None, help="default tuning_logs/<target>/groups")
+    ref.add_argument("--work-dir", default=None, type=output_dir,
+                     help="default tuning_logs/<target>/groups")
     ref.set_defaults(func=cmd_refeature)
     cal = sub.add_parser("calibrate", help="measure this host's bandwidth, FLOP/s and launch cost")
     cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
-    cal.add_argument("--cores", type=int, default=None, help="threads (default: affinity)")
-    cal.add_argument("--path", default=None, help="JSON record (default in ~/.cache)")
+    cal.add_argument("--cores", type=int_at_least(1), default=None,
+                     help="threads (default: affinity)")
+    cal.add_argument("--path", default=None, type=output_file,
+                     help="JSON record (default in ~/.cache)")
     cal.set_defaults(func=cmd_calibrate)
     args = parser.parse_args(argv)
     np.set_printoptions(precision=4)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (UsageError, DatabaseLocked, ModelFileError) as err:
+        print(f"costfuse {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

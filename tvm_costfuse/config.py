@@ -32,6 +32,7 @@ import tvm_ffi
 __all__ = [
     "CONFIG_KEYS",
     "COST_MODELS",
+    "INT_RANGES",
     "PREFIX",
     "SEARCHES",
     "FusionConfig",
@@ -55,7 +56,7 @@ CONFIG_KEYS: dict[str, str] = {
 }
 
 # Inclusive ranges for the int keys (why: see the field comments on FusionConfig).
-_RANGES: dict[str, tuple[int, int]] = {
+INT_RANGES: dict[str, tuple[int, int]] = {
     "max_chain_length": (1, 256),
     "max_body_ops": (1, 1024),
     "register_budget": (16, 255),
@@ -101,7 +102,7 @@ class FusionConfig:
     target_preset: str | None = None
 
     def __post_init__(self) -> None:
-        for name, (lo, hi) in _RANGES.items():
+        for name, (lo, hi) in INT_RANGES.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{PREFIX}{name} must be an int, got {value!r}")

@@ -226,6 +226,14 @@ def binding_name_map(func: relax.Function) -> dict[str, relax.VarBinding]:
             if isinstance(block, relax.DataflowBlock) for b in block.bindings}
 
 
+def _callee(op) -> str:
+    """How a message names what a call calls: an operator's name (``relax.matmul``), a
+    function's name; never the object's whole description."""
+    if isinstance(op, tvm.ir.Op):
+        return op.name
+    return getattr(op, "name_hint", None) or type(op).__name__
+
+
 def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
     """Build the OpGraph of ``mod[func_name]`` (a legalized, pattern-annotated module)."""
     if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
@@ -295,16 +303,18 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,
                             block_index)
             else:
-                what = type(value).__name__
+                what, hint = type(value).__name__, ""
                 if isinstance(value, relax.Var):
                     what = f"an alias of {value.name!r}"
                 if isinstance(value, relax.Call):
-                    what = f"a call to {value.op}"
+                    what = f"a call to {_callee(value.op)}"
+                    if isinstance(value.op, tvm.ir.Op) and value.op.name.startswith("relax."):
+                        hint = " (the module is not legalized: run tvm_costfuse.prepare first)"
                 if isinstance(binding, relax.MatchCast):
                     what = "a match_cast"
                 node = Node(name, len(nodes), "other", None, OpPattern.OPAQUE, tuple(inputs),
                             outputs, tuple(sizes), 0.0, 0, 0, 1,
-                            f"it is {what}, not a call_tir", block_index)
+                            f"it is {what}, not a call_tir{hint}", block_index)
             nodes.append(node)
             var_to_node[binding.var] = name
             for src in inputs:

@@ -4,8 +4,9 @@ Greedy priority fusion (as XLA's priority fusion): start from one kernel per op,
 candidate merge -- producer into consumer (vertical chains, reduce + epilogue, reduce + reduce,
 matmul/conv with prologue and epilogue) and siblings reading one tensor (horizontal) -- by the
 time the model says it saves, apply the best legal merge, rescore its neighbours, repeat until
-no merge saves time. ``plan_exact`` enumerates every partition of a small graph, to report how
-far greedy is from the optimum. Both are deterministic: ties break on binding order.
+no merge saves time. ``plan_exact`` enumerates every partition of a small graph (of a bigger one,
+region by region around greedy's plan), to report how far greedy is from the optimum. Both are
+deterministic: ties break on binding order.
 """
 
 from __future__ import annotations
@@ -292,18 +293,14 @@ def plan_cost(graph: OpGraph, target, config, groups, model: Model | None = None
     return sum(price(u)[0].seconds for g, u in q.members.items() if g not in q.pinned)
 
 
-def plan_exact(graph: OpGraph, target, config, model: Model | None = None,
-               max_units: int = 9) -> FusionPlan:
-    """The cheapest legal partition of a small graph, by enumerating set partitions of its
-    units (Bell(9) = 21,147 for 9 units). Raises ValueError on bigger graphs."""
-    price = _Pricer(graph, target, config, model)
-    units = initial_units(graph)
-    if len(units) > max_units:
-        raise ValueError(f"{len(units)} units > max_units {max_units} for exact search")
+def _exact_partition(graph: OpGraph, price: _Pricer, units: list[frozenset],
+                     others: list[frozenset]) -> list[frozenset]:
+    """The cheapest legal partition of ``units`` with the groups ``others`` fixed around them
+    (convexity is checked against the whole graph), by enumerating set partitions."""
     best: tuple[float, list[frozenset]] = (float("inf"), [])
 
     def acyclic(parts: list[frozenset]) -> bool:
-        return _Quotient(graph, parts).is_acyclic()
+        return _Quotient(graph, [*parts, *others]).is_acyclic()
 
     def search(i: int, parts: list[frozenset], cost: float) -> None:
         nonlocal best
@@ -323,6 +320,68 @@ def plan_exact(graph: OpGraph, target, config, model: Model | None = None,
         search(i + 1, parts + [u], cost + price(u)[0].seconds)
 
     search(0, [], 0.0)
-    parts = best[1]
-    estimates = {tuple(sorted(p, key=lambda n: graph[n].index)): price(p)[0] for p in parts}
-    return FusionPlan(tuple(k for k in estimates if len(k) > 1), estimates)
+    return best[1]
+
+
+def _regions(size: list[int], max_units: int) -> list[list[int]]:
+    """Consecutive greedy groups (in binding order) packed into regions of at most
+    ``max_units`` units; a group bigger than that is a region of its own."""
+    regions: list[list[int]] = []
+    count = 0
+    for i, n in enumerate(size):
+        if not regions or count + n > max_units:
+            regions.append([])
+            count = 0
+        regions[-1].append(i)
+        count += n
+    return regions
+
+
+def plan_exact(graph: OpGraph, target, config, model: Model | None = None,
+               max_units: int = 9, frozen: Iterable[Iterable[str]] = ()) -> FusionPlan:
+    """The cheapest legal partition, by enumerating set partitions of the units (Bell(9) =
+    21,147 for 9 units).
+
+    A graph of more than ``max_units`` units is planned greedily first; then each region of
+    consecutive greedy groups holding at most ``max_units`` units is searched exactly with
+    the rest fixed (greedy's own grouping of a region is one of the partitions enumerated, so
+    the plan is never predicted slower than greedy's). Greedy groups bigger than a region stay
+    as greedy made them; the plan's notes say how much was searched exactly. ``frozen``
+    groups are fixed units (regions left to FuseOps).
+    """
+    price = _Pricer(graph, target, config, model)
+    frozen_units = [frozenset(g) for g in frozen]
+    units = [u for u in initial_units(graph, frozen_units) if u not in frozen_units]
+    notes: tuple[str, ...] = ()
+    if len(units) <= max_units:
+        parts = _exact_partition(graph, price, units, frozen_units)
+    else:
+        greedy = plan_greedy(graph, target, config, model, frozen=frozen_units)
+        unit_of = {n: u for u in units for n in u}
+        fixed = set(frozen_units)
+        groups = sorted((frozenset(k) for k in greedy.estimates if frozenset(k) not in fixed),
+                        key=lambda g: min(graph[n].index for n in g))
+        grouped = [sorted({unit_of[n] for n in g if n in unit_of},
+                          key=lambda u: min(graph[n].index for n in u)) for g in groups]
+        parts = list(groups)
+        exact_units = kept = 0
+        for region in _regions([len(g) for g in grouped], max_units):
+            region_units = [u for i in region for u in grouped[i]]
+            if len(region_units) > max_units:
+                kept += 1
+                continue
+            others = [p for i, p in enumerate(parts) if p and i not in region] + frozen_units
+            found = _exact_partition(graph, price, region_units, others)
+            for i in region:
+                parts[i] = frozenset()
+            parts.extend(found)
+            exact_units += len(region_units)
+        parts = [p for p in parts if p]
+        notes = (f"exact search per region: {exact_units} of {len(units)} units searched "
+                 f"exactly in regions of at most {max_units} units, greedy elsewhere"
+                 + (f" ({kept} greedy groups of more than {max_units} units kept)"
+                    if kept else ""),)
+    estimates = {tuple(sorted(p, key=lambda n: graph[n].index)): price(p)[0]
+                 for p in [*frozen_units, *parts]}
+    return FusionPlan(tuple(k for k in estimates if len(k) > 1), estimates,
+                      left_to_fuseops=tuple(map(tuple, frozen)), notes=notes)

@@ -17,7 +17,7 @@ from .config import FusionConfig, register_config_keys
 from .graph import build_graph
 from .partition import apply_per_function, fuseops_groups
 from .planner import FusionPlan, plan_exact, plan_greedy
-from .targets import Target, TargetDesc, preset, preset_names, resolve
+from .targets import CUDA, Target, TargetDesc, preset, preset_names, resolve
 
 
 def _unmodelled(graph) -> set[str]:
@@ -47,8 +47,8 @@ def plan_module(
         from .cost.measured import load_measured
 
         model = load_measured(target)
-    if config.search == "exact" and not frozen:
-        plan = plan_exact(graph, target, config, model)
+    if config.search == "exact":
+        plan = plan_exact(graph, target, config, model, frozen=frozen)
     else:
         plan = plan_greedy(graph, target, config, model, frozen=frozen)
     if frozen:
@@ -77,6 +77,7 @@ class CostFuse:
     cost_model: str | None = None
     search: str | None = None
     max_args: int | None = None
+    target_preset: str | None = None
     plans: dict = field(default_factory=dict)
 
     def config(self) -> FusionConfig:
@@ -88,6 +89,7 @@ class CostFuse:
             cost_model=self.cost_model,
             search=self.search,
             max_args=self.max_args,
+            target_preset=self.target_preset,
         )
 
     def describe_target(self, config: FusionConfig) -> TargetDesc:
@@ -99,7 +101,17 @@ class CostFuse:
                 isinstance(t, str) and t.strip().lower() in preset_names()):
             return resolve(t).desc
         if config.target_preset:
-            return preset(config.target_preset)
+            desc = preset(config.target_preset)
+            compiled = t if t is not None else tvm.target.Target.current()
+            if compiled is not None:
+                kind = tvm.target.Target(compiled).kind.name
+                if (kind == "cuda") != (desc.kind == CUDA):
+                    raise ValueError(
+                        f"costfuse.target_preset {config.target_preset!r} describes a "
+                        f"{desc.kind} target, but this module compiles for {kind}: the plan "
+                        f"would be priced for the wrong machine (choose a preset of that kind, "
+                        "or leave target_preset unset)")
+            return desc
         if t is None and tvm.target.Target.current() is None:
             raise ValueError(
                 "CostFuse needs a target: pass target=..., set costfuse.target_preset, "

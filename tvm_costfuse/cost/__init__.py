@@ -1,5 +1,6 @@
 """Cost models: ``features`` describes a candidate group as plain numbers, ``analytical``
-prices it from first principles; the learned model reads the same features."""
+prices it from first principles; the learned model reads the same features (its files on
+disk: ``learned_files``)."""
 
 from .analytical import Estimate, estimate
 from .features import FEATURE_NAMES, GroupFeatures, group_features, op_class

@@ -35,9 +35,10 @@ from ..schedules.classes import FINAL
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
 from .features import FEATURE_NAMES, GroupFeatures
+from .learned_files import ModelFileError, read_meta, unreadable, write_atomically
 
-__all__ = ["NEAR", "LearnedModel", "load_learned", "model_path", "rows_to_dataset", "train",
-           "train_rows"]
+__all__ = ["NEAR", "LearnedModel", "ModelFileError", "load_learned", "model_path",
+           "rows_to_dataset", "train", "train_rows"]
 
 _log = logging.getLogger(__name__)
 
@@ -232,19 +233,21 @@ class LearnedModel:
         work_dir = Path(work_dir)
         work_dir.mkdir(parents=True, exist_ok=True)
         if self.booster is not None:
-            self.booster.save_model(str(work_dir / MODEL_FILE))
-        np.savez_compressed(work_dir / POINTS_FILE, points=self.points)
+            write_atomically(work_dir / MODEL_FILE, lambda p: self.booster.save_model(str(p)))
+        write_atomically(work_dir / POINTS_FILE,
+                          lambda p: np.savez_compressed(str(p), points=self.points))
         meta = {"n_records": self.n_records, "lo": self.lo.tolist(), "hi": self.hi.tolist(),
                 "models": list(self.models), "inputs": input_names(),
                 "has_booster": self.booster is not None, "near": self.near}
-        (work_dir / META_FILE).write_text(json.dumps(meta, indent=1))
+        write_atomically(work_dir / META_FILE, lambda p: p.write_text(json.dumps(meta, indent=1)))
         return work_dir / MODEL_FILE
 
     @classmethod
     def load(cls, work_dir: str | Path) -> LearnedModel:
         """The saved model; an unusable one (answering analytically) if it is stale, with a
         warning (``load_learned`` retrains a stale model in memory instead). The coverage radius
-        is the one the model was saved with."""
+        is the one the model was saved with. Raises :class:`ModelFileError`, naming the file
+        and the fix, when a file is unreadable."""
         import xgboost as xgb
 
         work_dir = Path(work_dir)
@@ -252,20 +255,26 @@ class LearnedModel:
         if why is not None:
             _log.warning("learned model in %s %s; retrain it", work_dir, why)
             return cls(None, 0)
-        meta = json.loads((work_dir / META_FILE).read_text())
+        meta = read_meta(work_dir)
         booster = None
         if meta.get("has_booster"):
             booster = xgb.Booster()
-            booster.load_model(str(work_dir / MODEL_FILE))
-        with np.load(work_dir / POINTS_FILE) as saved:
-            points = saved["points"]
+            try:
+                booster.load_model(str(work_dir / MODEL_FILE))
+            except (OSError, xgb.core.XGBoostError) as err:
+                raise unreadable(work_dir / MODEL_FILE, str(err).splitlines()[0]) from None
+        try:
+            with np.load(work_dir / POINTS_FILE) as saved:
+                points = saved["points"]
+        except (OSError, ValueError, KeyError) as err:
+            raise unreadable(work_dir / POINTS_FILE, f"{type(err).__name__}: {err}") from None
         return cls(booster, meta["n_records"], meta["lo"], meta["hi"], meta["models"],
                    points=points, near=meta["near"])
 
 
 def _stale(work_dir: Path) -> str | None:
     """Why the model saved in ``work_dir`` cannot be used as it is, or None."""
-    meta = json.loads((work_dir / META_FILE).read_text())
+    meta = read_meta(work_dir)
     if meta.get("inputs") != input_names():
         return "was trained on other inputs"
     if "near" not in meta or not (work_dir / POINTS_FILE).exists():
@@ -347,17 +356,24 @@ def load_learned(target, work_dir: str | Path | None = None) -> LearnedModel:
 
     Loads ``xgb_model.json`` from ``work_dir`` (default ``tuning_logs/<kind>-<arch>/groups``);
     when only measurements are there, or the saved model is stale (other inputs, no coverage
-    points), trains in memory and says so (nothing is written: ``train`` saves).
-    With no data at all, every query falls back to the analytical model (and says so).
+    points) or unreadable, trains in memory and says so (nothing is written: ``train`` saves).
+    With no data at all, every query falls back to the analytical model (and says so); an
+    unreadable model without measurements to retrain from raises :class:`ModelFileError`.
     """
     work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
+    measured = (work_dir / "features.jsonl").exists()
     if (work_dir / META_FILE).exists():
-        why = _stale(work_dir)
-        if why is None or not (work_dir / "features.jsonl").exists():
-            return LearnedModel.load(work_dir)
+        try:
+            why = _stale(work_dir)
+            if why is None or not measured:
+                return LearnedModel.load(work_dir)
+        except ModelFileError as err:
+            if not measured:
+                raise
+            why = f"is unreadable ({err})"
         _log.warning("learned model in %s %s: training one in memory from its measurements "
                      "(`costfuse tune` or `eval_cost_model.py train` saves one)", work_dir, why)
-    if (work_dir / "features.jsonl").exists():
+    if measured:
         return train(work_dir, target, save=False)
     _log.warning("no measured groups in %s: the learned model will answer analytically",
                  work_dir)

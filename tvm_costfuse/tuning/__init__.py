@@ -1,6 +1,7 @@
 """Tuning: the feedback loop that measures candidate groups into ``tuning_logs/``.
 
 - ``database``     -- meta-schedule ``JSONDatabase`` per target plus the features log;
+- ``integrity``    -- one writer per folder (a file lock), repair of what a kill leaves;
 - ``feedback``     -- candidate groups of a model, measured and recorded;
 - ``runners``      -- build and time one kernel (locally, over RPC, on a GPU);
 - ``metaschedule`` -- meta-schedule tuning of fused kernels and the pipeline that applies it.

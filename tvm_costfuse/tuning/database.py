@@ -9,24 +9,43 @@ the group's ``GroupFeatures`` vector, the run times and any error. That file is 
 model trains on and what makes a session resumable: a workload hash found there is never measured
 again.
 
-Both files are append-only and written line by line (flushed and fsynced per record), so a session
-killed mid-way loses at most the record being measured. If a kill falls between the database
-commit and the features line, the group is measured again next time and the database keeps a
-second record of the same workload (harmless: meta-schedule keeps the best).
+Both files are append-only and written line by line (one ``write`` per record, fsynced), so a
+session killed mid-way loses at most the record being measured. If a kill falls between the
+database commit and the features line, the group is measured again next time and the database
+keeps a second record of the same workload (harmless: meta-schedule keeps the best).
+
+One session writes at a time (:meth:`GroupDatabase.writing`, an advisory lock; ``integrity``),
+and the writer repairs what a kill left (a torn features line, meta-schedule files TVM cannot
+load) before it appends. The log holds one row per (model, group): a later row of a group
+supersedes the earlier one (a group re-measured after an environmental failure, or timed on a
+GPU after it was compiled without one), and the writer compacts superseded rows away.
+
+A failed measurement is the kernel's (``build:`` / ``run:`` errors: recorded, not retried) or
+the environment's (a timeout, a lost worker, an RPC failure: logged with its full error text,
+kept out of TVM's database and measured again next session); :func:`failure_kind` tells them
+apart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
-__all__ = ["FAILED_RUN_SECS", "GroupDatabase", "default_work_dir", "workload_hash"]
+from .integrity import DatabaseLocked, exclusive, repair_lines, salvage_ms_database, try_exclusive
+
+__all__ = ["FAILED_RUN_SECS", "DatabaseLocked", "GroupDatabase", "default_work_dir",
+           "failure_kind", "headline", "workload_hash"]
+
+_log = logging.getLogger(__name__)
 
 # meta-schedule's run time for a candidate that failed to build or run.
 FAILED_RUN_SECS = 1e10
@@ -51,6 +70,35 @@ def default_work_dir(target: tvm.target.Target | str) -> Path:
     return target_dir(target) / "groups"
 
 
+def headline(error: str) -> str:
+    """The line of an error text that says what happened: its last non-empty line (a worker's
+    error is a whole traceback, whose first line says nothing)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+# The runners prefix what the kernel itself caused: its build or its run failed.
+_KERNEL_FAILURE = re.compile(r"^(?:[\w.]+: )?(?:build|run): ")
+
+
+def failure_kind(error: str | None) -> str | None:
+    """None (no error), ``"kernel"`` (the kernel failed to build or run: a measured outcome)
+    or ``"environment"`` (anything else -- a timeout, a worker that died, an RPC server that
+    went away: not the kernel's fault, so measured again)."""
+    if not error:
+        return None
+    return "kernel" if _KERNEL_FAILURE.match(headline(error)) else "environment"
+
+
+def _environmental(row: dict) -> bool:
+    kind = row.get("failure", failure_kind(row.get("error")))
+    return kind == "environment"
+
+
+def _key(row: dict) -> tuple[str, tuple[str, ...]]:
+    return row["model"], tuple(row["members"])
+
+
 def workload_hash(func: tvm.tirx.PrimFunc) -> str:
     """Structural hash of a group's unscheduled PrimFunc as a workload module (hex string)."""
     return f"{tvm_ffi.structural_hash(tvm.IRModule({'main': func})):016x}"
@@ -71,45 +119,110 @@ class GroupDatabase:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self._ms: ms.database.JSONDatabase | None = None
         self.features_path = self.work_dir / FEATURES_FILE
-        self._rows = list(self._read_rows())
-        self._hashes = {r["workload_hash"] for r in self._rows}
-        self._keys = {(r["model"], tuple(r["members"])) for r in self._rows}
+        self.repairs: list[str] = []  # what opening repaired, one line each
+        self._writing = False
+        with try_exclusive(self.work_dir) as free:
+            if free:  # nobody is appending: a torn last line is a kill's, not a write's
+                self._writing = True
+                try:
+                    self._repair_features()
+                finally:
+                    self._writing = False
+        self._load_rows()
 
     # ------------------------------------------------------------------ reading
     def _read_rows(self) -> Iterator[dict]:
         if not self.features_path.exists():
             return
-        with open(self.features_path) as f:
+        with open(self.features_path, "rb") as f:
             for line in f:
-                line = line.strip()
-                if not line:
+                if not line.strip():
                     continue
                 try:
                     yield json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by a kill: skip it
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    # Only while another session holds the lock (it repairs when it opens).
                     continue
 
+    def _load_rows(self) -> None:
+        self._index(list(self._read_rows()))
+
+    def _index(self, lines: list[dict]) -> None:
+        self._lines = lines
+        self._current: dict[tuple, dict] = {}
+        for row in lines:  # a later row of a group supersedes, in the first one's place
+            self._current[_key(row)] = row
+        self._hashes = {r["workload_hash"] for r in self._current.values()
+                        if not _environmental(r)}
+
+    def _note(self, notes: list[str]) -> None:
+        for note in notes:
+            _log.warning("tuning database repaired: %s", note)
+        self.repairs += notes
+
+    def _repair_features(self) -> None:
+        """Torn lines, then superseded rows (holding the lock)."""
+        self._note(repair_lines(self.features_path))
+        self._load_rows()
+        if len(self._lines) == len(self._current):
+            return
+        dropped = [r for r in self._lines if self._current[_key(r)] is not r]
+        # A superseded measurement (two unlocked sessions measured one group) is kept in a
+        # backup; superseded environmental failures and untimed rows are not worth one.
+        keep_copy = any(r.get("measured") and r.get("run_secs") for r in dropped)
+        if keep_copy:
+            backup = self.features_path.with_name(f"{FEATURES_FILE}.superseded.bak")
+            with open(backup, "a") as f:
+                f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in dropped)
+        self.rewrite_rows(list(self._current.values()))
+        self._note([f"{self.features_path}: {len(dropped)} superseded rows compacted"
+                    + (f" (kept in {FEATURES_FILE}.superseded.bak)" if keep_copy else "")])
+
     def rows(self) -> list[dict]:
-        """Every features line, in the order written."""
-        return list(self._rows)
+        """One row per (model, group), the latest, in the order groups were first written."""
+        return list(self._current.values())
 
     def has_workload(self, whash: str) -> bool:
         return whash in self._hashes
 
     def has_group(self, model: str, members: tuple[str, ...]) -> bool:
-        return (model, tuple(members)) in self._keys
+        """Whether the group has a record: a measurement, or a failure of the kernel (a
+        failure of the environment does not count: it is measured again)."""
+        row = self._current.get((model, tuple(members)))
+        return row is not None and not _environmental(row)
 
     def row_for_hash(self, whash: str, timed: bool = False) -> dict | None:
-        """The first measured line of a workload (its run times); with ``timed``, the first
+        """The first measured row of a workload (its run times); with ``timed``, the first
         that has run times (a CUDA kernel compiled without a GPU has none)."""
-        return next((r for r in self._rows if r["workload_hash"] == whash and r["measured"]
-                     and (r["run_secs"] or not timed)), None)
+        return next((r for r in self._current.values() if r["workload_hash"] == whash
+                     and r["measured"] and (r["run_secs"] or not timed)), None)
 
     def is_untimed(self, model: str, members: tuple[str, ...]) -> bool:
-        """Whether every line of (model, group) was recorded without run times."""
-        lines = [r for r in self._rows if r["model"] == model
-                 and tuple(r["members"]) == tuple(members)]
-        return bool(lines) and all(r.get("not_timed") for r in lines)
+        """Whether the group was recorded without run times."""
+        row = self._current.get((model, tuple(members)))
+        return bool(row and row.get("not_timed"))
+
+    @contextlib.contextmanager
+    def writing(self, wait: bool = False, log: Callable[[str], None] | None = None,
+                salvage: bool = True) -> Iterator[GroupDatabase]:
+        """Hold the folder's write lock: repair what a killed session left, re-read what
+        another session wrote, and append. ``wait``: wait for another writer instead of
+        raising :class:`DatabaseLocked`; ``salvage``: check that TVM loads its files (reads
+        them all) and salvage them if not. Re-entrant."""
+        if self._writing:
+            yield self
+            return
+        with exclusive(self.work_dir, wait, log):
+            self._writing = True
+            try:
+                self._repair_features()
+                if salvage:
+                    self._note(salvage_ms_database(self.work_dir))
+                self._ms = None  # opened afresh under the lock
+                yield self
+            finally:
+                self._writing = False
+                self._ms = None
 
     @property
     def ms_database(self) -> ms.database.JSONDatabase:
@@ -132,6 +245,9 @@ class GroupDatabase:
         ``row`` carries model, members, features, feature_names and error; the workload hash,
         target and run times are filled in here.
         """
+        if not self._writing:
+            with self.writing(wait=True):
+                return self.commit(func, trace, run_secs, target, row)
         mod = tvm.IRModule({"main": func})
         db = self.ms_database
         workload = db.commit_workload(mod)
@@ -151,21 +267,35 @@ class GroupDatabase:
         """Replace the features log with ``rows`` (same order), atomically: a kill leaves the
         old file or the new one, never half of each. For re-deriving features after the
         schema grew; timings and the TVM database files are untouched."""
+        if not self._writing:
+            with self.writing(wait=True, salvage=False):
+                return self.rewrite_rows(rows)
         tmp = self.features_path.with_suffix(".jsonl.tmp")
         with open(tmp, "w") as f:
             f.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.features_path)
-        self._rows = list(rows)
+        self._index(list(rows))
+        return None
 
     def append_row(self, row: dict) -> dict:
-        """Append one features line and push it to disk before returning."""
-        with open(self.features_path, "a") as f:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self._rows.append(row)
-        self._hashes.add(row["workload_hash"])
-        self._keys.add((row["model"], tuple(row["members"])))
+        """Append one features line (one ``write`` call: a kill leaves all of it or a torn
+        tail that the next writer cuts off) and push it to disk before returning."""
+        if not self._writing:
+            with self.writing(wait=True, salvage=False):
+                return self.append_row(row)
+        data = (json.dumps(row, sort_keys=True) + "\n").encode()
+        fd = os.open(self.features_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._lines.append(row)
+        self._current[_key(row)] = row
+        if not _environmental(row):
+            self._hashes.add(row["workload_hash"])
         return row

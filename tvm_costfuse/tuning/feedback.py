@@ -16,8 +16,11 @@ one is present, and otherwise recorded untimed (``run_secs`` empty, ``not_timed`
 the learned model does not train on.
 
 Build and run happen in a worker process (TVM's ``PopenPoolExecutor``) under a timeout, as
-meta-schedule's LocalBuilder/LocalRunner do: a crash, an exception or a timeout becomes a failed
-record (``run_secs = [1e10]`` plus the error) and the session goes on.
+meta-schedule's LocalBuilder/LocalRunner do: a crash, an exception or a timeout fails that
+candidate and the session goes on. A failure of the kernel's build or run is a record
+(``run_secs = [1e10]`` plus the full error text); any other (a timeout, a lost worker, RPC) is
+logged in the features log as the environment's and measured again next session. Arguments
+that would fail every candidate alike (an RPC tracker that does not answer) are refused first.
 """
 
 from __future__ import annotations
@@ -41,7 +44,14 @@ from ..schedules import rules
 from ..schedules.cuda import GuardedRule, gpu_rules
 from ..schedules.prepack import mark_constant_weights
 from ..targets import resolve
-from .database import FAILED_RUN_SECS, GroupDatabase, default_work_dir, workload_hash
+from .database import (
+    FAILED_RUN_SECS,
+    GroupDatabase,
+    default_work_dir,
+    failure_kind,
+    headline,
+    workload_hash,
+)
 from .runners import (
     MeasureConfig,
     _gpu_present,
@@ -49,6 +59,7 @@ from .runners import (
     build_and_profile_cuda,
     build_and_time,
     build_and_time_rpc,
+    check_rpc_tracker,
 )
 
 __all__ = ["MeasureConfig", "MeasureSummary", "build_and_profile_cuda", "candidate_groups",
@@ -67,8 +78,12 @@ class MeasureSummary:
     unformable: int = 0  # the planner weighed it but apply_partition rejects it (not convex)
     untimed: int = 0  # CUDA without a GPU: compiled and ptxas-profiled, not timed
     views: int = 0  # a lone reshape: TVM runs it as a view, there is no kernel to time
+    # failed for a reason outside the kernel (timeout, lost worker, RPC): measured again next
+    # session (also counted in ``failed``)
+    environment: int = 0
     seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # one line each; the rows hold the text
+    repairs: list[str] = field(default_factory=list)  # what opening the database repaired
 
 
 def candidate_groups(graph: OpGraph, target_desc, config: FusionConfig | None = None
@@ -154,6 +169,7 @@ def measure_model(
     prepared: bool = False,
     runner_fn: Callable | None = None,
     log: Callable[[str], None] | None = None,
+    wait: bool = False,
 ) -> MeasureSummary:
     """Measure the candidate groups of one model into ``work_dir`` (resumable).
 
@@ -176,6 +192,8 @@ def measure_model(
     runner_fn : callable, optional
         Replaces :func:`build_and_time` (tests inject failures with it; needs isolate=False
         unless importable by the worker).
+    wait : bool
+        Another session writing ``work_dir``: wait for it (else ``DatabaseLocked``).
 
     Returns
     -------
@@ -183,12 +201,16 @@ def measure_model(
         Counts of measured, failed, reused (workload already in the database), skipped and
         unformable groups (a merge the planner rejected as not convex has no kernel), and of
         lone reshapes left unmeasured (a model runs them as views).
-        Nothing raised by building or running a kernel escapes.
+        Nothing raised by building or running a kernel escapes. Raises ``ValueError`` before
+        measuring when the RPC tracker cannot serve, ``DatabaseLocked`` when another session
+        writes ``work_dir`` and ``wait`` is false.
     """
     resolved = resolve(target)
     target, target_desc = resolved.tvm, resolved.desc
     config = config or MeasureConfig()
     log = log or (lambda _msg: None)
+    if config.rpc_tracker is not None and target.kind.name != "cuda":
+        check_rpc_tracker(config.rpc_tracker)
     db = GroupDatabase(work_dir or default_work_dir(target))
     start = time.perf_counter()
     prep = mod if prepared else prepare(mod, target)
@@ -206,7 +228,17 @@ def measure_model(
         raise ValueError("the RPC runner times CPU kernels only; measure CUDA on the GPU host")
     default_fn = (build_and_profile_cuda if cuda else
                   build_and_time_rpc if config.rpc_tracker is not None else build_and_time)
-    runner = _Runner(config, runner_fn or default_fn)
+    with db.writing(wait=wait, log=log):
+        summary.repairs = list(db.repairs)
+        _measure_all(db, model, graph, prep, marked, cands, target, config,
+                     _Runner(config, runner_fn or default_fn), gpu, summary, log)
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _measure_all(db, model, graph, prep, marked, cands, target, config, runner, gpu,
+                 summary: MeasureSummary, log) -> None:
+    """The measuring loop of :func:`measure_model` (holding the database's lock)."""
     try:
         for members in cands:
             if db.has_group(model, members) and not (gpu and db.is_untimed(model, members)):
@@ -229,6 +261,7 @@ def measure_model(
             old = db.row_for_hash(whash, timed=gpu) if db.has_workload(whash) else None
             if old is not None:
                 extra = {k: old[k] for k in ("ptxas", "not_timed") if k in old}
+                extra = {k: old[k] for k in ("ptxas", "not_timed", "failure") if k in old}
                 db.append_row({**row, **extra, "workload_hash": whash, "measured": False,
                                "run_secs": old.get("run_secs", [FAILED_RUN_SECS]),
                                "error": old.get("error"), "target": str(target)})
@@ -236,15 +269,28 @@ def measure_model(
                 continue
             scheduled, trace = schedule_kernel(func, target)
             run_secs, error, extra = runner(scheduled, target, n_out)
-            db.commit(func, trace, run_secs, target, {**row, "error": error, **extra})
+            kind = failure_kind(error)
+            if kind == "environment":
+                # Not the kernel's outcome: kept out of TVM's database, measured next time.
+                db.append_row({**row, **extra, "error": error, "failure": kind,
+                               "run_secs": [], "measured": False, "workload_hash": whash,
+                               "target": str(target)})
+                summary.failed += 1
+                summary.environment += 1
+                summary.errors.append(f"{members}: {headline(error)} (environment: retried "
+                                      "next session)")
+                log(f"  {model} {'+'.join(members)}: {headline(error)} (retried next session)")
+                continue
+            db.commit(func, trace, run_secs, target,
+                      {**row, "error": error, **({"failure": kind} if kind else {}), **extra})
             if error:
                 summary.failed += 1
-                summary.errors.append(f"{members}: {error}")
+                summary.errors.append(f"{members}: {headline(error)}")
             elif extra.get("not_timed"):
                 summary.untimed += 1
             else:
                 summary.measured += 1
-            shown = error or (f"{float(np.median(run_secs)) * 1e6:.1f} us"
+            shown = headline(error) if error else (f"{float(np.median(run_secs)) * 1e6:.1f} us"
                               if run_secs else f"not timed ({extra.get('not_timed')})")
             if extra.get("ptxas"):
                 shown += " | {registers} registers, {spill_bytes} B spilled".format(
@@ -252,8 +298,6 @@ def measure_model(
             log(f"  {model} {'+'.join(members)}: {shown}")
     finally:
         runner.close()
-    summary.seconds = time.perf_counter() - start
-    return summary
 
 
 def refeature(work_dir=None, target=None) -> tuple[int, int]:
@@ -272,5 +316,6 @@ def refeature(work_dir=None, target=None) -> tuple[int, int]:
         if model not in graphs:
             graphs[model] = build_graph(prepare(models.load_variant(model)[0], resolved.tvm))
         rows.append({**row, **feature_row(model, graphs[model], row["members"])})
-    db.rewrite_rows(rows)
+    with db.writing(salvage=False):
+        db.rewrite_rows(rows)
     return len(rows), len(graphs)

@@ -10,6 +10,7 @@ allocation, thread-pool wake-up; short kernels as a chain of calls -- and times 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,7 +18,8 @@ import tvm
 
 from .database import FAILED_RUN_SECS
 
-__all__ = ["MeasureConfig", "build_and_profile_cuda", "build_and_time", "build_and_time_rpc"]
+__all__ = ["MeasureConfig", "build_and_profile_cuda", "build_and_time", "build_and_time_rpc",
+           "check_rpc_tracker"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,45 @@ class MeasureConfig:
     # "host:port:key" of a TVM RPC tracker: build here, run on a server registered under key
     # (e.g. another machine of the target kind); None runs on this machine.
     rpc_tracker: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, lo in (("repeat", 1), ("number", 1), ("min_repeat_ms", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                raise ValueError(f"MeasureConfig.{name} must be an int >= {lo}, got {value!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"MeasureConfig.timeout_s must be > 0, got {self.timeout_s!r}")
+
+
+# How long the tracker check waits for a TCP connection: a tracker that answers at all
+# answers in milliseconds; TVM's own client retries for a minute instead.
+_TRACKER_CONNECT_S = 5.0
+
+
+def check_rpc_tracker(spec: str, timeout_s: float = _TRACKER_CONNECT_S) -> str:
+    """``spec`` (``host:port:key``) unchanged once the tracker answers and has a server
+    registered under ``key``; ValueError naming what is wrong otherwise. Run before measuring:
+    a tracker that cannot serve would otherwise fail every candidate the same way."""
+    parts = spec.rsplit(":", 2)
+    if len(parts) != 3 or not all(parts) or not parts[1].isdigit():
+        raise ValueError(f"RPC tracker {spec!r} is not HOST:PORT:KEY")
+    host, port, key = parts[0], int(parts[1]), parts[2]
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise ValueError(f"RPC tracker {host}:{port} is unreachable: "
+                         f"{err.strerror or type(err).__name__}") from None
+    from tvm import rpc
+
+    try:
+        servers = rpc.connect_tracker(host, port).summary()["server_info"]
+    except Exception as err:  # noqa: BLE001 -- something listens there, not a tracker
+        raise ValueError(f"{host}:{port} does not answer as a TVM RPC tracker: {err}") from None
+    keys = sorted({str(s.get("key", "")).split(":", 1)[-1] for s in servers})
+    if key not in keys:
+        raise ValueError(f"RPC tracker {host}:{port} has no server under key {key!r} "
+                         f"(registered: {', '.join(keys) or 'none'})")
+    return spec
 
 
 # A kernel under this long per call is timed as CHAIN calls in one VM function, per call =
@@ -148,7 +189,9 @@ def build_and_time_rpc(func_json: str, target_json: dict, number: int, repeat: i
     try:
         session = rpc.connect_tracker(host, int(port)).request(key, session_timeout=120)
     except Exception as err:  # noqa: BLE001
-        raise RuntimeError(f"run: no RPC server for key {key!r} at {host}:{port}: {err}") from None
+        # The tracker's trouble, not the kernel's: "rpc:" makes it an environmental failure.
+        raise RuntimeError(f"rpc: no RPC server for key {key!r} at {host}:{port}: {err}"
+                           ) from None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.so")
         ex.export_library(path)
@@ -196,7 +239,7 @@ def build_and_profile_cuda(func_json: str, target_json: dict, number: int, repea
         out["run_secs"] = _time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number,
                                    repeat, min_repeat_ms)
     except RuntimeError as err:  # a failed run keeps what ptxas said
-        out["run_secs"], out["error"] = [1e10], str(err)[:500]
+        out["run_secs"], out["error"] = [1e10], str(err)
     return out
 
 
@@ -217,7 +260,8 @@ class _Runner:
 
     def __call__(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target, n_out: int = 1
                  ) -> tuple[list[float], str | None, dict]:
-        """(run seconds, error or None, what else the worker measured: ``ptxas`` on CUDA)."""
+        """(run seconds, error or None, what else the worker measured: ``ptxas`` on CUDA).
+        The error is the full text (``database.failure_kind`` says whose fault it was)."""
         c = self.config
         args = (tvm.ir.save_json(func), target.export(), c.number, c.repeat, c.min_repeat_ms)
         if c.rpc_tracker is not None:
@@ -229,8 +273,8 @@ class _Runner:
         except TimeoutError:
             return [FAILED_RUN_SECS], f"timeout: build + run exceeded {c.timeout_s} s", {}
         except Exception as err:  # noqa: BLE001 -- worker crash, build or run error
-            message = str(err).strip().splitlines()
-            return [FAILED_RUN_SECS], (message[0] if message else type(err).__name__)[:500], {}
+            # The whole text: from a worker it is the traceback, the message on its last line.
+            return [FAILED_RUN_SECS], str(err).strip() or type(err).__name__, {}
         if isinstance(out, dict):
             extra = {k: v for k, v in out.items() if k not in ("run_secs", "error")}
             return list(out["run_secs"]), out.get("error"), extra
