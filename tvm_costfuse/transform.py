@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import tvm
 
 from .config import FusionConfig, register_config_keys
+from .cost.learned import load_learned
+from .cost.measured import load_measured
 from .graph import build_graph
 from .partition import apply_per_function, fuseops_groups
 from .planner import FusionPlan, plan_exact, plan_greedy
@@ -40,12 +42,8 @@ def plan_module(
         frozen = [g for g in fuseops_groups(mod, func_name) if skip & set(g)]
     model = None
     if config.cost_model == "xgb":
-        from .cost.learned import load_learned
-
         model = load_learned(target)
     elif config.cost_model == "measured":
-        from .cost.measured import load_measured
-
         model = load_measured(target)
     if config.search == "exact":
         plan = plan_exact(graph, target, config, model, frozen=frozen)

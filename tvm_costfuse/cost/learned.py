@@ -31,7 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models.synthetic import PREFIX, is_synthetic
 from ..schedules.classes import FINAL
+from ..targets import host
+from ..tuning.database import GroupDatabase, default_work_dir
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
 from .features import FEATURE_NAMES, GroupFeatures
@@ -284,8 +287,6 @@ def _stale(work_dir: Path) -> str | None:
 
 def _architecture(model: str) -> str:
     """``bert_layer@small`` -> ``bert_layer``; every ``synth-<seed>`` program -> ``synth``."""
-    from ..models.synthetic import PREFIX, is_synthetic
-
     return PREFIX.rstrip("-") if is_synthetic(model) else model.split("@")[0]
 
 
@@ -318,8 +319,6 @@ def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS) -> 
 
 def _target_work_dir(target) -> Path:
     """tuning_logs/<kind>-<arch>/groups for a TargetDesc: the database's default folder."""
-    from ..tuning.database import default_work_dir
-
     return default_work_dir(target.tvm_target())
 
 
@@ -337,10 +336,6 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     synthetic programs (0.74-0.81 against 0.81 without) and left it below the analytical
     model on the zoo (shallow trees answering everywhere; docs/benchmarks.md).
     """
-    from ..models.synthetic import is_synthetic
-    from ..targets import host
-    from ..tuning.database import GroupDatabase
-
     target = target or host()
     rows = [r for r in GroupDatabase(work_dir).rows()
             if synthetic or not is_synthetic(r["model"])]
