@@ -205,7 +205,7 @@ def reconvergent_dags(draw, max_nodes: int = 40) -> OpGraph:
 
 
 @pytest.mark.parametrize("target", [H100, HOST], ids=["h100", "host"])
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(graph=reconvergent_dags())
 def test_greedy_plans_are_convex(target, graph: OpGraph) -> None:
     plan = plan_greedy(graph, target, FusionConfig())
