@@ -338,6 +338,53 @@ def test_symbolic_batch_numerics_match_stock():
     _check_numerics(bb.get(), {"x": rng.standard_normal((37, 64)).astype("float32")})
 
 
+def _int_graph(build, shapes: dict[str, tuple[tuple, str]]):
+    rng = np.random.default_rng(3)
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, d)) for n, (s, d) in shapes.items()]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(*params))
+        bb.emit_func_output(out)
+    return bb.get(), {n: rng.integers(-9, 9, s).astype(d) for n, (s, d) in shapes.items()}
+
+
+_I64, _I7 = relax.const(3, "int64"), relax.const(7, "int64")
+INT_CASES = {
+    "sum_int64": (lambda x: OP.sum(OP.multiply(x, x), axis=[1]), {"x": ((33, 130), "int64")}),
+    "max_int32": (lambda x: OP.max(x, axis=[1]), {"x": ((40, 96), "int32")}),
+    "cumsum_int64": (lambda x: OP.add(OP.cumsum(x, axis=1), x), {"x": ((4, 64), "int64")}),
+    "matmul_int32": (lambda a, b: OP.matmul(a, b),
+                     {"a": ((20, 36), "int32"), "b": ((36, 24), "int32")}),
+    "index_math_int64": (
+        lambda x: OP.add(OP.floor_mod(x, _I64), OP.multiply(OP.floor_divide(x, _I64), x)),
+        {"x": ((8, 1000), "int64")},
+    ),
+    "mask_count": (
+        lambda x: OP.sum(OP.astype(OP.logical_and(OP.greater(x, _I64), OP.less(x, _I7)), "int64"),
+                         axis=[1]),
+        {"x": ((16, 200), "int64")},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT_CASES))
+def test_integer_kernels_schedule_on_any_isa(name):
+    """Integer and index kernels (position ids, masks) under our rules: compiled for SSE2,
+    AVX2, AVX-512 (Intel and AMD) and run on this host, equal to the stock build."""
+    mod, inputs = _int_graph(*INT_CASES[name])
+    for mcpu in ("x86-64", "haswell", "skylake-avx512", "znver4"):
+        target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+        with target:
+            tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
+    ref = run(tvm.compile(mod, TARGET, relax_pipeline=strategy_pipeline("stock", TARGET)), inputs)
+    for strategy in ("none", "tvm", "costfuse"):
+        with TARGET:
+            ex = tvm.compile(mod, TARGET, relax_pipeline=strategy_pipeline(strategy, TARGET))
+        for got, want in zip(run(ex, inputs), ref, strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
 def _zoo_names() -> list[str]:
     try:
         from tvm_costfuse import models

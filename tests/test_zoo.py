@@ -233,3 +233,47 @@ def test_load_onnx(tmp_path) -> None:
     np.testing.assert_array_equal(inputs["x"], again["x"])
     ref = np.maximum(inputs["x"] @ weight, 0)
     np.testing.assert_allclose(_run(mod, inputs), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["stock", "none", "tvm", "costfuse"])
+def test_load_torch_bool_scan_builds_and_matches(strategy: str) -> None:
+    # A bool cumsum is int64 in PyTorch; kept bool, LLVM cannot add it (CreateAdd check).
+    import torch
+    from torch_models import PackedSegments
+    from tvm_costfuse.measure import assert_close, run
+    from tvm_costfuse.schedules import host_target
+
+    from tvm_costfuse.strategies import strategy_pipeline
+
+    torch.manual_seed(0)
+    net = PackedSegments().eval()
+    ids = torch.tensor([[3, 4, 5, 9, 10, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8]])
+    mod, inputs = models.load_torch(net, (ids,))
+    scans = [b.var.ty.dtype for blk in mod["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.cumsum"]
+    assert scans == ["int64"]
+    target = host_target()
+    with target:
+        ex = tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline(strategy, target))
+    with torch.no_grad():
+        assert_close(run(ex, inputs), [net(ids).numpy()])
+
+
+@pytest.mark.parametrize("name", ["cumsum_int32", "cumprod_bool", "cumsum_dtype"])
+def test_load_torch_scans_keep_torch_result_dtype(name: str) -> None:
+    import torch
+
+    fns = {"cumsum_int32": lambda x: x.int().cumsum(-1),
+           "cumprod_bool": lambda x: (x != 1).cumprod(-1),
+           "cumsum_dtype": lambda x: torch.cumsum(x != 1, -1, dtype=torch.int32)}
+
+    class Scan(torch.nn.Module):
+        def forward(self, x):
+            return fns[name](x)
+
+    x = torch.tensor([[1, 2, 3, 4, 1, 1, 5, 6]])
+    mod, inputs = models.load_torch(Scan(), (x,))
+    out = _run(mod, inputs)
+    want = fns[name](x).numpy()
+    assert out.dtype == want.dtype
+    np.testing.assert_array_equal(out, want)

@@ -46,3 +46,17 @@ class TwoIndexGather(nn.Module):
         i = torch.arange(x.shape[0])[:, None]
         j = torch.arange(x.shape[1])[None, :]
         return torch.relu(x[i, j]) + x[j, i] * 2.0
+
+
+class PackedSegments(nn.Module):
+    """HF's packed-sequence detection: a bool cumsum (int64 in PyTorch) over position
+    differences, used as an embedding index."""
+
+    def __init__(self, vocab: int = 16, dim: int = 8, segments: int = 4) -> None:
+        super().__init__()
+        self.tok, self.seg = nn.Embedding(vocab, dim), nn.Embedding(segments, dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        diff = torch.cat([torch.ones_like(ids[:, :1]), ids[:, 1:] - ids[:, :-1]], dim=-1)
+        segment = (diff != 1).cumsum(-1)
+        return self.tok(ids) + self.seg(segment % self.seg.num_embeddings)

@@ -5,12 +5,38 @@ Weights are bound as constants, as the zoo's are, so fusion and constant folding
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import tvm
+from tvm import relax
 
 from .export import as_main, seeded_rng
 
 __all__ = ["load_exported", "load_onnx", "load_torch"]
+
+
+def _scan_in_torch_dtype(op: Callable) -> Callable:
+    """Converter for ``aten.cumsum`` / ``aten.cumprod`` giving PyTorch's result dtype.
+
+    PyTorch accumulates bool and integer inputs in int64; TVM's converter keeps the input
+    dtype, so a bool scan (HF position ids: ``(pos_diff != 1).cumsum(-1)``) reaches LLVM as a
+    bool add, which no pipeline compiles (``Check failed: t.MatchesCode(kDLFloat)`` in
+    ``CreateAdd``), and an int32 one silently gives int32.
+    """
+
+    def convert(node, importer) -> relax.Var:
+        x = importer.env[node.args[0]]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
+        dtype = str(node.meta["val"].dtype).removeprefix("torch.")
+        return importer.block_builder.emit(op(x, dim, dtype))
+
+    return convert
+
+
+def _custom_converters() -> dict:
+    return {"cumsum.default": _scan_in_torch_dtype(relax.op.cumsum),
+            "cumprod.default": _scan_in_torch_dtype(relax.op.cumprod)}
 
 
 def load_torch(module, args: tuple) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
@@ -18,6 +44,7 @@ def load_torch(module, args: tuple) -> tuple[tvm.IRModule, dict[str, np.ndarray]
 
     The example inputs are ``args`` converted to numpy, keyed by the Relax parameter names.
     ``module`` is switched to eval mode first (dropout/batch-norm must be in inference form).
+    Scans (cumsum, cumprod) keep PyTorch's result dtype (see ``_scan_in_torch_dtype``).
     """
     try:
         import torch
@@ -30,7 +57,8 @@ def load_torch(module, args: tuple) -> tuple[tvm.IRModule, dict[str, np.ndarray]
     with torch.no_grad():
         ep = torch.export.export(module.eval(), args)
     # keep_params_as_input=False (the default) binds the weights as constants.
-    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
+                                custom_convert_map=_custom_converters())
     mod = as_main(mod, "main")
     return mod, _inputs_for(mod, args)
 
@@ -82,7 +110,8 @@ def load_exported(path: str) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
             "load_exported needs PyTorch: pip install 'tvm_costfuse[torch]' (torch==2.13.0)"
         ) from err
     ep = torch.export.load(str(path))
-    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
+                                custom_convert_map=_custom_converters())
     mod = as_main(mod, "main")
     if ep.example_inputs is None:
         raise ValueError(f"{path}: the archive holds no example inputs to run it with")
