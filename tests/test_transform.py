@@ -106,3 +106,51 @@ def test_symbolic_region_is_left_to_fuseops_and_reported() -> None:
     x = np.linspace(-1, 1, 5).astype("float32")
     got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.ShapeTuple([3])).numpy()
     np.testing.assert_allclose(got, np.maximum(np.tile(x * 2 + 1, (3, 1)), 0), rtol=1e-6)
+
+
+def test_static_and_symbolic_functions_each_get_their_own_groups() -> None:
+    # prefill (static) and decode (symbolic length) exported from one nn.Module: FuseOps over
+    # the whole module used to hand decode's groups to prefill's plan (KeyError on the name).
+    from tvm.relax.frontend import nn
+
+    from tvm_costfuse.partition import fuseops_groups
+    from tvm_costfuse.passes import prepare
+    from tvm_costfuse.schedules import host_target
+    from tvm_costfuse.strategies import strategy_pipeline
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def prefill(self, x):
+            return self.down(nn.op.silu(self.up(x)))
+
+        def decode(self, x):
+            return self.down(nn.op.silu(self.up(x)))
+
+    mod, params = MLP().export_tvm(spec={
+        "prefill": {"x": nn.spec.Tensor((1, 8, 16), "float32")},
+        "decode": {"x": nn.spec.Tensor((1, "n", 16), "float32")},
+    })
+    prep = prepare(mod)
+    for name in ("prefill", "decode"):
+        names = {n.name for n in build_graph(prep, name).nodes}
+        assert {n for g in fuseops_groups(prep, name) for n in g} <= names
+    fuse = CostFuse(target="host")
+    fuse(prep)
+    assert fuse.plans["prefill"].groups and not fuse.plans["prefill"].left_to_fuseops
+    assert fuse.plans["decode"].left_to_fuseops
+
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") * 0.1
+               for _, p in params]
+    target = host_target()
+    vms = []
+    for strategy in ("stock", "costfuse"):
+        with target:
+            ex = tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline(strategy, target))
+        vms.append(relax.VirtualMachine(ex, tvm.cpu()))
+    for name, length in (("prefill", 8), ("decode", 3)):
+        args = [rng.standard_normal((1, length, 16)).astype("float32"), *weights]
+        want, got = (vm[name](*[tvm.runtime.tensor(a) for a in args]).numpy() for vm in vms)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -219,12 +219,20 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
 
     FuseOps' grouping depends only on op patterns and graph shape, not on PrimFunc names, so
     each ``call_tir`` is pointed at its own copy of its PrimFunc named after its binding; the
-    names inside FuseOps' grouped functions then say which bindings each group holds.
+    names inside FuseOps' grouped functions then say which bindings each group holds. FuseOps
+    runs on a module holding this one Relax function (plus the functions it calls), and only
+    the groups it calls are read: another function's groups are not this one's.
     """
     func = mod[func_name]
     by_name = binding_name_map(func)
     names = binding_names(func)
-    tagged = tvm.IRModule({gv: f for gv, f in mod.functions.items()})
+    referenced: set = set()
+    relax.analysis.post_order_visit(
+        func, lambda e: referenced.add(e) if isinstance(e, tvm.ir.GlobalVar) else None
+    )
+    tagged = tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                           if not isinstance(f, relax.Function) or gv.name_hint == func_name
+                           or gv in referenced})
     tag_of: dict[str, str] = {}
     blocks = []
     for block in func.body.blocks:
@@ -274,9 +282,11 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
             and ob.value.index == index and n not in taken
         )
 
+    before = {gv.name_hint for gv in tagged.get_global_vars()}
     groups = []
     for gv, f in fused.functions.items():
-        if not isinstance(f, relax.Function) or "Primitive" not in (f.attrs or {}):
+        is_group = isinstance(f, relax.Function) and "Primitive" in (f.attrs or {})
+        if not is_group or gv.name_hint not in calls or gv.name_hint in before:
             continue
         origin: dict = {}  # var inside the grouped function -> original binding name
         group: list[str] = []
