@@ -244,3 +244,29 @@ def test_unlegalized_module_names_the_op_and_the_fix() -> None:
     assert "a call to relax.matmul, not a call_tir" in message
     assert "not legalized" in message and "prepare" in message
     assert "ir.Op(" not in message and "description" not in message
+
+
+def test_symbolic_var_passed_as_a_scalar_stays_inline() -> None:
+    # nn.Linear on a (batch, 5, 16) input with a dynamic batch: after the reshape the matmul's
+    # shapes are (s * 5, ...), so its legalized call_tir takes s itself as an argument. FuseOps
+    # keeps that scalar inline and passes s through tir_vars; as a parameter of its own, s
+    # was left undefined ("TIR variables (s77,) were undefined").
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU())
+    batch = torch.export.Dim("batch", min=1, max=64)
+    mod, _ = models.load_torch(net, (torch.randn(2, 5, 16),), {"input": {0: batch}})
+    mod = prepare(mod)
+    fused = apply_partition(mod, fuseops_groups(mod))
+    tvm.ir.assert_structural_equal(fused, relax.transform.FuseOps()(mod))
+    (func,) = _grouped_functions(fused).values()
+    assert func.params[-1].name == "tir_vars"
+    assert not any(isinstance(p.ty, tvm.ir.PrimType) for p in func.params)
+    vm = relax.VirtualMachine(build(fused), tvm.cpu())
+    for n in (1, 7):
+        x = torch.randn(n, 5, 16)
+        with torch.no_grad():
+            want = net(x).numpy()
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x.numpy())).numpy(), want,
+                                   rtol=1e-5, atol=1e-6)

@@ -112,10 +112,10 @@ def test_static_and_symbolic_functions_each_get_their_own_groups() -> None:
     # prefill (static) and decode (symbolic length) exported from one nn.Module: FuseOps over
     # the whole module used to hand decode's groups to prefill's plan (KeyError on the name).
     from tvm.relax.frontend import nn
-
-    from tvm_costfuse.partition import fuseops_groups
     from tvm_costfuse.passes import prepare
     from tvm_costfuse.schedules import host_target
+
+    from tvm_costfuse.partition import fuseops_groups
     from tvm_costfuse.strategies import strategy_pipeline
 
     class MLP(nn.Module):
@@ -154,3 +154,25 @@ def test_static_and_symbolic_functions_each_get_their_own_groups() -> None:
         args = [rng.standard_normal((1, length, 16)).astype("float32"), *weights]
         want, got = (vm[name](*[tvm.runtime.tensor(a) for a in args]).numpy() for vm in vms)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_batch_linear_from_pytorch_builds_with_costfuse() -> None:
+    import torch
+    from tvm_costfuse.schedules import host_target
+
+    from tvm_costfuse.strategies import strategy_pipeline
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU())
+    batch = torch.export.Dim("batch", min=1, max=64)
+    mod, _ = models.load_torch(net, (torch.randn(2, 5, 16),), {"input": {0: batch}})
+    target = host_target()
+    with target:
+        ex = tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline("costfuse", target))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for n in (3, 9):
+        x = torch.randn(n, 5, 16)
+        with torch.no_grad():
+            want = net(x).numpy()
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x.numpy())).numpy(), want,
+                                   rtol=1e-4, atol=1e-5)

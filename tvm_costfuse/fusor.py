@@ -34,6 +34,7 @@ class _GroupFunction:
     defined: set = field(default_factory=set)
     partial_tuples: dict = field(default_factory=dict)  # tuple argument -> indices read
     n_const: int = 0
+    bound: frozenset = frozenset()  # variables the caller's bindings define
     function: relax.Function | None = None
     out_index: dict = field(default_factory=dict)  # original var -> flat output index or list
 
@@ -51,8 +52,11 @@ class _GroupFunction:
         else:
             name = f"param_{self.n_const}"
             self.n_const += 1
-        if not is_var and isinstance(expr.ty, tvm.ir.PrimType):
-            return  # FuseOps keeps PrimValues inline (they still use up a param_N name)
+        if isinstance(expr.ty, tvm.ir.PrimType) and not (is_var and expr in self.bound):
+            # FuseOps keeps PrimValues inline (they still use up a param_N name), and so a
+            # symbolic shape variable passed as a scalar (ops legalized on symbolic shapes
+            # take one): it reaches the group through the ``tir_vars`` parameter.
+            return
         self.params.append(relax.Var(name, expr.ty))
         self.arguments.append(expr)
         if isinstance(expr.ty, relax.TupleType):
@@ -187,6 +191,7 @@ class Fusor(PyExprMutator):
         super().__init__(mod)
         by_name = binding_name_map(mod[func_name])
         self.group_of = {by_name[name].var: gi for gi, g in enumerate(groups) for name in g}
+        self.bound = frozenset(b.var for blk in mod[func_name].body.blocks for b in blk.bindings)
         self.n_groups = len(groups)
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock):
@@ -199,7 +204,7 @@ class Fusor(PyExprMutator):
         for b in block.bindings:
             gi = self.group_of.get(b.var)
             if gi is not None:
-                funcs.setdefault(gi, _GroupFunction()).append(b)
+                funcs.setdefault(gi, _GroupFunction(bound=self.bound)).append(b)
         deps: dict = {}
         for b in block.bindings:
             cur = gkey(b.var)

@@ -39,12 +39,15 @@ def _custom_converters() -> dict:
             "cumprod.default": _scan_in_torch_dtype(relax.op.cumprod)}
 
 
-def load_torch(module, args: tuple) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
+def load_torch(module, args: tuple, dynamic_shapes=None
+               ) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
     """Import a ``torch.nn.Module`` via ``torch.export`` with its weights bound as constants.
 
     The example inputs are ``args`` converted to numpy, keyed by the Relax parameter names.
     ``module`` is switched to eval mode first (dropout/batch-norm must be in inference form).
-    Scans (cumsum, cumprod) keep PyTorch's result dtype (see ``_scan_in_torch_dtype``).
+    ``dynamic_shapes`` goes to ``torch.export.export`` (``torch.export.Dim`` per dimension):
+    those dimensions become symbolic in Relax. Scans (cumsum, cumprod) keep PyTorch's result
+    dtype (see ``_scan_in_torch_dtype``).
     """
     try:
         import torch
@@ -55,7 +58,7 @@ def load_torch(module, args: tuple) -> tuple[tvm.IRModule, dict[str, np.ndarray]
         ) from err
     args = tuple(args)
     with torch.no_grad():
-        ep = torch.export.export(module.eval(), args)
+        ep = torch.export.export(module.eval(), args, dynamic_shapes=dynamic_shapes)
     # keep_params_as_input=False (the default) binds the weights as constants.
     mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
                                 custom_convert_map=_custom_converters())
