@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
@@ -24,10 +24,16 @@ _log = logging.getLogger(__name__)
 
 
 class GuardedRule(dl.ScheduleRule):
-    """A dlight rule whose exceptions mean "does not apply", with the reason kept.
+    """A dlight rule whose exceptions and ill-formed results mean "does not apply", with the
+    reason kept.
 
-    ``ApplyDefaultSchedule`` lets a rule's exception abort the whole build; guarded, the next
-    rule gets the function. ``rejections`` lists ``(function name, reason)`` per exception.
+    ``ApplyDefaultSchedule`` lets a rule's exception abort the whole build, and takes whatever
+    schedule a rule returns; guarded, the next rule gets the function. A result must pass
+    ``s_tir.analysis.verify_well_formed``: dlight's ``gpu.Matmul`` on a matmul read by several
+    epilogue blocks (LSTM's per-step slices of one input projection) moves the output into a
+    local cache for the first one and leaves the others reading the removed buffer, which
+    lowering rejects ("... is used before its definition"). ``rejections`` lists
+    ``(function name, reason)`` per rejection.
     """
 
     def __init__(self, rule: dl.ScheduleRule) -> None:
@@ -36,13 +42,19 @@ class GuardedRule(dl.ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool):
         try:
-            return self.rule.apply(func, target, tunable)
+            result = self.rule.apply(func, target, tunable)
         except Exception as err:  # noqa: BLE001 -- any failure of a heuristic rule = no match
-            name = str(func.attrs.get("global_symbol", "?")) if func.attrs else "?"
-            reason = f"{type(self.rule).__name__}: {type(err).__name__}: {err}".strip(": ")
-            self.rejections.append((name, reason))
-            _log.debug("dlight rule rejected %s: %s", name, reason)
-            return None
+            return self._reject(func, f"{type(err).__name__}: {err}")
+        schedules = result if isinstance(result, list) else [result] if result is not None else []
+        if any(not s_tir.analysis.verify_well_formed(s.mod["main"], False) for s in schedules):
+            return self._reject(func, "the scheduled PrimFunc is not well formed")
+        return result
+
+    def _reject(self, func: tirx.PrimFunc, why: str) -> None:
+        name = str(func.attrs.get("global_symbol", "?")) if func.attrs else "?"
+        reason = f"{type(self.rule).__name__}: {why}".strip(": ")
+        self.rejections.append((name, reason))
+        _log.debug("dlight rule rejected %s: %s", name, reason)
 
     def __repr__(self) -> str:
         return f"GuardedRule({type(self.rule).__name__})"

@@ -154,6 +154,41 @@ def test_guarded_rule_turns_errors_into_no_match():
     assert "AssertionError: boom" in rule.rejections[0][1]
 
 
+@T.prim_func(private=True, s_tir=True)
+def matmul_two_slices(a: T.Buffer((4, 2, 8), "float32"), b: T.Buffer((4, 8, 64), "float32"),
+                      s0: T.Buffer((1, 2, 64), "float32"), s1: T.Buffer((1, 2, 64), "float32")):
+    """A batch matmul read by two epilogue blocks (LSTM: per-step slices of one projection)."""
+    mm = T.sblock_alloc_buffer((4, 2, 64))
+    for n, i, j, k in T.grid(4, 2, 64, 8):
+        with T.sblock("matmul"):
+            vn, vi, vj, vk = T.axis.remap("SSSR", [n, i, j, k])
+            with T.init():
+                mm[vn, vi, vj] = T.float32(0)
+            mm[vn, vi, vj] = mm[vn, vi, vj] + a[vn, vi, vk] * b[vn, vk, vj]
+    for n, i, j in T.grid(1, 2, 64):
+        with T.sblock("slice0"):
+            vn, vi, vj = T.axis.remap("SSS", [n, i, j])
+            s0[vn, vi, vj] = mm[vn, vi, vj]
+    for n, i, j in T.grid(1, 2, 64):
+        with T.sblock("slice1"):
+            vn, vi, vj = T.axis.remap("SSS", [n, i, j])
+            s1[vn, vi, vj] = mm[vn + 3, vi, vj]
+
+
+def test_guarded_rule_turns_ill_formed_schedules_into_no_match():
+    """dlight's Matmul caches the output for the first epilogue and leaves the second one
+    reading a buffer that no longer exists; lowering would reject it. Guarded, the rule does
+    not apply and Fallback schedules the function, which builds."""
+    target = cuda.cuda_target()
+    assert tvm.s_tir.dlight.gpu.Matmul().apply(matmul_two_slices, target, False) is not None
+    matmul = cuda.GuardedRule(tvm.s_tir.dlight.gpu.Matmul())
+    assert matmul.apply(matmul_two_slices, target, False) is None
+    assert "not well formed" in matmul.rejections[0][1]
+    ex = cuda.compile_cuda(tvm.IRModule({"main": matmul_two_slices.with_attr(
+        "global_symbol", "matmul_two_slices")}), target)
+    assert "matmul_two_slices_kernel" in cuda.kernel_sources(ex)
+
+
 # ---------------------------------------------------------------------------------------------
 # Spills seen by ptxas
 # ---------------------------------------------------------------------------------------------

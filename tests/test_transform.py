@@ -176,3 +176,26 @@ def test_dynamic_batch_linear_from_pytorch_builds_with_costfuse() -> None:
             want = net(x).numpy()
         np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x.numpy())).numpy(), want,
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_lstm_from_pytorch_compiles_for_cuda_offline() -> None:
+    # CostFuse groups the input projection with its five per-step slices; dlight's Matmul
+    # rule schedules that group into IR lowering rejects, so the guarded rules pass it on.
+    import torch
+
+    from tvm_costfuse.strategies import strategy_pipeline
+
+    class LSTM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = torch.nn.LSTM(8, 16, batch_first=True)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    torch.manual_seed(0)
+    mod, _ = zoo.load_torch(LSTM(), (torch.randn(2, 5, 8),))
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        ex = tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline("costfuse", target))
+    assert any(k.startswith("fused_matmul_add_strided_slice") for k in kernel_sources(ex))
