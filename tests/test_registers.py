@@ -179,9 +179,9 @@ def test_guarded_rule_turns_ill_formed_schedules_into_no_match():
     """dlight's Matmul caches the output for the first epilogue and leaves the second one
     reading a buffer that no longer exists; lowering would reject it. Guarded, the rule does
     not apply and Fallback schedules the function, which builds."""
-    target = cuda.cuda_target()
+    target = cuda_target()
     assert tvm.s_tir.dlight.gpu.Matmul().apply(matmul_two_slices, target, False) is not None
-    matmul = cuda.GuardedRule(tvm.s_tir.dlight.gpu.Matmul())
+    matmul = GuardedRule(tvm.s_tir.dlight.gpu.Matmul())
     assert matmul.apply(matmul_two_slices, target, False) is None
     assert "not well formed" in matmul.rejections[0][1]
     ex = cuda.compile_cuda(tvm.IRModule({"main": matmul_two_slices.with_attr(

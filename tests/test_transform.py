@@ -194,7 +194,7 @@ def test_lstm_from_pytorch_compiles_for_cuda_offline() -> None:
             return self.lstm(x)[0]
 
     torch.manual_seed(0)
-    mod, _ = zoo.load_torch(LSTM(), (torch.randn(2, 5, 8),))
+    mod, _ = models.load_torch(LSTM(), (torch.randn(2, 5, 8),))
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     with target:
         ex = tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline("costfuse", target))
