@@ -112,7 +112,7 @@ def test_static_and_symbolic_functions_each_get_their_own_groups() -> None:
     # prefill (static) and decode (symbolic length) exported from one nn.Module: FuseOps over
     # the whole module used to hand decode's groups to prefill's plan (KeyError on the name).
     from tvm.relax.frontend import nn
-    from tvm_costfuse.passes import prepare
+    from tvm_costfuse.pipelines import prepare
     from tvm_costfuse.schedules import host_target
 
     from tvm_costfuse.partition import fuseops_groups
