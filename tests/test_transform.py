@@ -112,11 +112,11 @@ def test_static_and_symbolic_functions_each_get_their_own_groups() -> None:
     # prefill (static) and decode (symbolic length) exported from one nn.Module: FuseOps over
     # the whole module used to hand decode's groups to prefill's plan (KeyError on the name).
     from tvm.relax.frontend import nn
-    from tvm_costfuse.pipelines import prepare
-    from tvm_costfuse.schedules import host_target
 
     from tvm_costfuse.partition import fuseops_groups
+    from tvm_costfuse.pipelines import prepare
     from tvm_costfuse.strategies import strategy_pipeline
+    from tvm_costfuse.targets import host_target
 
     class MLP(nn.Module):
         def __init__(self) -> None:
@@ -158,9 +158,9 @@ def test_static_and_symbolic_functions_each_get_their_own_groups() -> None:
 
 def test_dynamic_batch_linear_from_pytorch_builds_with_costfuse() -> None:
     import torch
-    from tvm_costfuse.schedules import host_target
 
     from tvm_costfuse.strategies import strategy_pipeline
+    from tvm_costfuse.targets import host_target
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU())

@@ -240,10 +240,10 @@ def test_load_torch_bool_scan_builds_and_matches(strategy: str) -> None:
     # A bool cumsum is int64 in PyTorch; kept bool, LLVM cannot add it (CreateAdd check).
     import torch
     from torch_models import PackedSegments
-    from tvm_costfuse.measure import assert_close, run
-    from tvm_costfuse.schedules import host_target
 
+    from tvm_costfuse.measurement.timing import assert_close, run
     from tvm_costfuse.strategies import strategy_pipeline
+    from tvm_costfuse.targets import host_target
 
     torch.manual_seed(0)
     net = PackedSegments().eval()
