@@ -1,13 +1,13 @@
 """Hugging Face transformers architectures for the real-model corpus, with random weights.
 
 Every model is built from its config class (nothing comes from a hub). Full variant: 2 layers
-at the real width (hidden 768, 12 heads, FFN 3072, 128 tokens); small
-variant: the same layers and ops at hidden 32, 2 heads, FFN 64, 16 tokens, vocabulary 128.
-The full vocabulary is BERT's 30522 for every model: it only sizes the table the embedding
-gather reads, which no fusion decision depends on, and the real ones (up to BLOOM's 250880)
-would make a 770 MB constant.
+at the real width (hidden 768, 12 heads, FFN 3072, 128 tokens); small variant: the same layers
+and ops at hidden 32, 2 heads, FFN 64, 16 tokens, vocabulary 128. The full vocabulary is BERT's
+30522 for every model: it only sizes the table the embedding gather reads, which no fusion
+decision depends on, and the real ones (up to BLOOM's 250880) would make a 770 MB constant.
 Attention is HF's ``eager`` implementation: explicit matmul, mask add and softmax, which is
-what a fusion pass decides about (``sdpa`` would import as one opaque attention op).
+what a fusion pass decides about (``sdpa`` would import as one opaque attention op). Decoders
+run without a KV cache (a prefill).
 
 Each builder returns ``(torch module, example args)``; the module is a thin wrapper whose
 ``forward`` takes the tensors positionally (their parameter names become the Relax input
@@ -204,7 +204,7 @@ def _segformer(small: bool):
     from transformers import SegformerConfig, SegformerModel
 
     # Full: MiT-b0 (the config's defaults). Small: the same 4 stages at a quarter of the width.
-    kw = dict(hidden_sizes=[8, 16, 40, 64], num_attention_heads=[1, 2, 5, 8]) if small else {}
+    kw = {"hidden_sizes": [8, 16, 40, 64], "num_attention_heads": [1, 2, 5, 8]} if small else {}
     config = SegformerConfig(depths=[2, 2, 2, 2], **kw)
     config._attn_implementation = "eager"
     px = 64 if small else 224
@@ -250,10 +250,12 @@ MODELS: dict[str, tuple[str, Callable]] = {
                                 word_embed_proj_dim="hidden", **_LAYERS)),
     "bloom": ("decoder", _decoder("BloomConfig", "BloomModel", hidden_size="hidden",
                                   n_layer="layers", n_head="heads")),
-    # falcon-7b's block: multi-query attention, parallel attention and MLP, rotary.
-    "falcon": ("decoder", _decoder("FalconConfig", "FalconModel", multi_query=True,
-                                   parallel_attn=True, new_decoder_architecture=False,
-                                   alibi=False, bias=False, **_LAYERS)),
+    # falcon-rw-1b's block (ALiBi, sequential attention and MLP, biases). Falcon-7b's and -40b's
+    # multi-query split takes keys with a negative list index, x[..., [-2], :], which TVM's
+    # torch frontend imports as R.take(mode="fast") without wrapping it: wrong outputs.
+    "falcon": ("decoder", _decoder("FalconConfig", "FalconModel", multi_query=False,
+                                   parallel_attn=False, new_decoder_architecture=False,
+                                   alibi=True, bias=True, **_LAYERS)),
     "phi": ("decoder", _decoder("PhiConfig", "PhiModel", intermediate_size="ffn",
                                 **_LAYERS)),
     "llama": ("decoder", _decoder("LlamaConfig", "LlamaModel", intermediate_size="ffn",

@@ -111,15 +111,19 @@ def _resnext50(**kw):
     return import_torchvision().models.resnext50_32x4d(weights=None, **kw)
 
 
+# transform_input and no aux heads: as torchvision configures both with trained weights.
+# init_weights=False keeps PyTorch's default init: torchvision's (truncated normal, std 0.1 at
+# any fan-in) grows activations ~5x per conv, to 1e12 at Inception v3's output.
+
+
 def _googlenet(**kw):
-    # transform_input and no aux heads: as torchvision configures it with trained weights.
     return import_torchvision().models.googlenet(
-        weights=None, aux_logits=False, transform_input=True, init_weights=True, **kw)
+        weights=None, aux_logits=False, transform_input=True, init_weights=False, **kw)
 
 
 def _inception_v3(**kw):
     return import_torchvision().models.inception_v3(
-        weights=None, aux_logits=False, transform_input=True, init_weights=True, **kw)
+        weights=None, aux_logits=False, transform_input=True, init_weights=False, **kw)
 
 
 def _mobilenet_v2(small: bool):
