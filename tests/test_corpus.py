@@ -6,8 +6,8 @@ model) takes about 25 minutes of CPU on 2 cores: each build costs a few seconds 
 with its number of distinct kernels (LLVM codegen and the VM's JIT), up to ~30 s for DenseNet-121;
 shrinking the small variants further does not reduce that count. ``COSTFUSE_CORPUS=full`` runs it.
 The default run keeps to about 5 minutes with the plan in ``DEFAULT``: every family, every strategy
-and both targets are covered, each on models where it is cheap; the rest is skipped with a reason
-that ``-ra`` prints, never dropped silently.
+and both targets are covered, each on models where it is cheap; its tests are generated for that
+plan only (the models outside it are named in ``DEFAULT``'s comment).
 
 Each model is imported and prepared (the passes before fusion) once per module, and every
 strategy is built from that one prepared module in a single test. A failing strategy does not
@@ -24,12 +24,12 @@ import pytest
 import torch
 import tvm
 
-from tvm_costfuse.measure import run
+from tvm_costfuse.measurement.cuda_source import kernel_sources
+from tvm_costfuse.measurement.timing import run
 from tvm_costfuse.models import corpus
-from tvm_costfuse.passes import prepare
-from tvm_costfuse.schedules import host_target
-from tvm_costfuse.schedules.cuda import cuda_target, kernel_sources
+from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.targets import cuda_target, host_target
 
 STRATEGIES = ("none", "tvm", "rules", "costfuse")
 FULL = os.environ.get("COSTFUSE_CORPUS") == "full"
@@ -72,12 +72,15 @@ DEFAULT: dict[str, tuple[str, ...]] = {
     "wav2vec2": ("costfuse", "cuda"),
 }
 
-_SKIP = "COSTFUSE_CORPUS=full runs it (the default run keeps the corpus to ~6 minutes)"
-
-
-def _planned(name: str, step: str) -> None:
-    if not FULL and step not in DEFAULT.get(name, ()):
-        pytest.skip(_SKIP)
+def _planned(step: str, names=None) -> list[str]:
+    """The models a step runs on: the whole corpus with ``COSTFUSE_CORPUS=full``, else the
+    default plan's (the tests are generated for those only, so nothing is skipped)."""
+    names = list(names if names is not None else corpus.names())
+    if FULL:
+        return names
+    if step == "llvm":
+        return [n for n in names if any(s in STRATEGIES for s in DEFAULT.get(n, ()))]
+    return [n for n in names if step in DEFAULT.get(n, ())]
 
 
 @functools.cache
@@ -117,11 +120,9 @@ def test_same_name_same_model() -> None:
     assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
 
 
-@pytest.mark.parametrize("name", corpus.names())
+@pytest.mark.parametrize("name", _planned("llvm"))
 def test_strategies_match_pytorch_on_llvm(name: str) -> None:
-    strategies = STRATEGIES if FULL else tuple(s for s in DEFAULT.get(name, ()) if s in STRATEGIES)
-    if not strategies:
-        pytest.skip(_SKIP)
+    strategies = STRATEGIES if FULL else tuple(s for s in DEFAULT[name] if s in STRATEGIES)
     prepared, _, inputs, want = _imported(name)
     target = host_target()  # runs here: the host's ISA, whatever it is
     outcome = {}
@@ -137,9 +138,8 @@ def test_strategies_match_pytorch_on_llvm(name: str) -> None:
     assert not bad, f"{name}: failed {bad}; within tolerance {good}"
 
 
-@pytest.mark.parametrize("name", corpus.names())
+@pytest.mark.parametrize("name", _planned("cuda"))
 def test_costfuse_compiles_for_cuda_offline(name: str) -> None:
-    _planned(name, "cuda")
     _, mod, _, _ = _imported(name)  # unprepared: the CUDA pipeline legalizes for CUDA
     target = cuda_target("sm_90")
     with target:
@@ -148,9 +148,8 @@ def test_costfuse_compiles_for_cuda_offline(name: str) -> None:
     assert sources and all("__global__" in s for s in sources.values())
 
 
-@pytest.mark.parametrize("name", corpus.ONNX_NAMES)
+@pytest.mark.parametrize("name", _planned("onnx", corpus.ONNX_NAMES))
 def test_onnx_import_matches_pytorch(name: str) -> None:
-    _planned(name, "onnx")
     mod, inputs, module = corpus.load_onnx(name, small=True)
     with torch.no_grad():
         want = module(*corpus.torch_inputs(inputs)).numpy()
