@@ -35,7 +35,7 @@ def test_costfuse_pipeline_compiles_for_cuda_offline(name: str) -> None:
     assert sources and all("__global__" in s for s in sources.values())
 
 
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.zoo.names())
 def test_exact_search_compiles_every_zoo_model(name: str) -> None:
     # Graphs beyond the exact search's size are searched exactly per region, greedily elsewhere.
     mod, inputs = models.load(name, small=True)
