@@ -147,7 +147,7 @@ def test_fallback_inlines_producer_and_parallelizes_vectorizes():
     assert _block_names(func) == {"root", "c"}  # "b" never reaches memory
     assert {tirx.ForKind.PARALLEL, tirx.ForKind.VECTORIZED} <= _kinds(func)
     vec = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
-    assert len(vec) == 1 and int(vec[0].extent) % 16 == 0  # AVX-512: 16 float32 lanes
+    assert len(vec) == 1 and int(vec[0].extent) % 16 == 0  # AVX512 (explicit target): 16 float32 lanes
 
 
 def test_contraction_register_blocks_and_inlines_epilogue():

@@ -74,6 +74,7 @@ def test_host_matches_this_machine():
         if _sysfs_cache(level) is not None:
             assert size == _sysfs_cache(level)
             assert desc.source.startswith("sysfs")
+    # The host description against this host's own flags: the same check on any x86-64 host.
     flags = Path("/proc/cpuinfo").read_text()
     want = 512 if " avx512f" in flags else 256 if " avx2" in flags else 128
     assert desc.vector_bits == want and desc.vector_regs == (32 if want == 512 else 16)
