@@ -123,6 +123,26 @@ def _inline_recomputes(producer, consumers) -> bool:
     return sum(count_loads(c.body, out) for c in consumers) > 1
 
 
+def covers_output(consumer: tirx.SBlock, producer: tirx.SBlock) -> bool:
+    """Whether ``consumer`` iterates once per element ``producer`` writes.
+
+    ``reverse_compute_inline`` gives the producer the consumer's body but keeps the producer's
+    own iteration domain. A consumer over fewer points (a slice that drops the last column of
+    a convolution's output) then gets stored at indices it never had: TVM 0.27 does not refuse,
+    and the kernel writes past its rows (wrong numbers, seen on a conv1d + slice + GELU group).
+    """
+    def points(extents) -> tirx.PrimExpr:
+        n = tirx.const(1, "int64")
+        for e in extents:
+            n = n * tirx.Cast("int64", e) if e.dtype != "int64" else n * e
+        return n
+
+    consumed = points([iv.dom.extent for iv in consumer.iter_vars
+                       if iv.iter_type == tirx.IterVar.DataPar])
+    written = points(list(producer.writes[0].source.shape))
+    return tvm.arith.Analyzer().can_prove_equal(consumed, written)
+
+
 def root_blocks(sch: s_tir.Schedule) -> list[SBlockRV]:
     """The blocks directly under the root block, in program order."""
     body = sch.mod["main"].body
@@ -178,6 +198,8 @@ def inline_spatial(sch: s_tir.Schedule, protect: set[str] | None = None) -> None
             if expr_size(stmt.body) + expr_size(producers[0].body) > MAX_INLINED_EXPR_NODES:
                 continue
             if len(producers[0].writes) != 1 or _inline_recomputes(producers[0], [stmt]):
+                continue
+            if not covers_output(stmt, producers[0]):
                 continue
             try:
                 sch.reverse_compute_inline(block)

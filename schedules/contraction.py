@@ -12,6 +12,7 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from ._common import (
     MIN_PARALLEL_FMAS,
+    covers_output,
     inline_spatial,
     int_extent,
     is_spatial,
@@ -176,7 +177,7 @@ class Contraction(SafeRule):
         tile_loop = parallelize(sch, order, fmas, MIN_PARALLEL_FMAS)
 
         writeback = sch.cache_write(main, 0, "local")
-        if consumers:
+        if consumers and covers_output(sch.get(consumers[0]), sch.get(writeback)):
             try:
                 sch.reverse_compute_inline(consumers[0])
             except s_tir.ScheduleError:
