@@ -7,10 +7,13 @@ instead of producing a wrong program; the rules catch that and fall through to t
 
 from __future__ import annotations
 
+import math
+
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.sym.analyzer import Analyzer
 
 from ..targets.isa import num_cores, vector_lanes, vector_registers
 from .math_calls import CHEAP_CALLS, short_name
@@ -131,16 +134,16 @@ def covers_output(consumer: tirx.SBlock, producer: tirx.SBlock) -> bool:
     a convolution's output) then gets stored at indices it never had: TVM 0.27 does not refuse,
     and the kernel writes past its rows (wrong numbers, seen on a conv1d + slice + GELU group).
     """
-    def points(extents) -> tirx.PrimExpr:
-        n = tirx.const(1, "int64")
-        for e in extents:
-            n = n * tirx.Cast("int64", e) if e.dtype != "int64" else n * e
-        return n
-
-    consumed = points([iv.dom.extent for iv in consumer.iter_vars
-                       if iv.iter_type == tirx.IterVar.DataPar])
-    written = points(list(producer.writes[0].source.shape))
-    return tvm.arith.Analyzer().can_prove_equal(consumed, written)
+    consumed = [iv.dom.extent for iv in consumer.iter_vars
+                if iv.iter_type == tirx.IterVar.DataPar]
+    written = list(producer.writes[0].source.shape)
+    if all(isinstance(e, tirx.IntImm) for e in consumed + written):
+        return math.prod(int(e) for e in consumed) == math.prod(int(e) for e in written)
+    try:  # symbolic extents (a dynamic batch): equal only if the analyzer proves it
+        as_i64 = [[tirx.Cast("int64", e) for e in side] for side in (consumed, written)]
+        return Analyzer().can_prove_equal(math.prod(as_i64[0]), math.prod(as_i64[1]))
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def root_blocks(sch: s_tir.Schedule) -> list[SBlockRV]:

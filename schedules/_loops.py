@@ -7,6 +7,8 @@ return a schedule whose every step TVM's own legality checks accepted.
 
 from __future__ import annotations
 
+import logging
+
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -23,6 +25,8 @@ from ._common import (
     vector_lanes,
 )
 from .classes import ScheduleClass
+
+_log = logging.getLogger(__name__)
 
 
 def loop_kinds(sch: s_tir.Schedule, block: SBlockRV) -> list[str] | None:
@@ -147,10 +151,20 @@ class SafeRule(CPUScheduleRule):
 
     @staticmethod
     def guarded(func: tirx.PrimFunc, target: Target, schedule) -> s_tir.Schedule | None:
-        """``schedule(fresh Schedule(func), target)``, or None if any step raises."""
+        """``schedule(fresh Schedule(func), target)``, or None if any step raises.
+
+        A schedule primitive that rejects a step raises ``ScheduleError`` (a RuntimeError) or
+        a ValueError: the rule does not apply, which is routine. Any other exception is more
+        likely a bug in the rule itself; the kernel still gets the next rule, but the error is
+        logged as a warning (the test suite fails on it) instead of hiding as "did not apply".
+        """
         try:
             return schedule(s_tir.Schedule(func), target)
-        except Exception:  # noqa: BLE001 -- a failed precondition or primitive check
+        except (RuntimeError, ValueError):
+            return None
+        except Exception as err:  # noqa: BLE001 -- reported, and the next rule still runs
+            name = getattr(schedule, "__qualname__", repr(schedule))
+            _log.warning("schedule rule %s raised %s: %s", name, type(err).__name__, err)
             return None
 
     def _apply(self, sch: s_tir.Schedule, target: Target) -> s_tir.Schedule | None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 # Plans must not depend on a host calibration someone left in ~/.cache: use the defaults.
 os.environ["TVM_COSTFUSE_CALIBRATION"] = "none"
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, settings
 
 from tvm_costfuse import models
@@ -26,6 +28,16 @@ settings.register_profile(
 )
 settings.register_profile("explore", parent=settings.get_profile("ci"), derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def _schedule_rules_raise_nothing_unexpected(caplog):
+    """A CPU rule that raises anything but a schedule primitive's refusal is a bug in the rule
+    (the kernel falls to the next rule and still runs, so only this log shows it)."""
+    yield
+    bugs = [r.getMessage() for r in caplog.records
+            if r.name == "tvm_costfuse.schedules._loops" and r.levelno >= logging.WARNING]
+    assert not bugs, "schedule rules raised: " + "; ".join(bugs[:3])
 
 
 @functools.cache
