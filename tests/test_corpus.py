@@ -46,7 +46,7 @@ ALL = (*STRATEGIES, "cuda")
 DEFAULT: dict[str, tuple[str, ...]] = {
     "squeezenet1_1": (*ALL, "onnx"),
     "resnext50_32x4d": ("costfuse",),
-    "mobilenet_v2": ("costfuse",),
+    "mobilenet_v2": ("costfuse", "onnx"),  # onnx: the frontend emits helper functions
     "efficientnet_b0": ("costfuse",),
     "shufflenet_v2_x1_0": ("costfuse",),
     "mnasnet1_0": ("costfuse",),

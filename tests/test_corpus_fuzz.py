@@ -5,7 +5,7 @@ the importers' graphs have other shapes (index math, duplicate names, permute/re
 slices after contractions), so the same draws run here on one model per family, checked against
 PyTorch. Caps (``max_chain_length``, ``max_body_ops``, ``register_budget``) are drawn too: every
 plan CostFuse makes under them must build and match. A few draws per model (fixed seed in CI):
-each build of a small corpus model costs 2-6 s on 2 cores.
+each build of a small corpus model costs 2-20 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.targets import host_target
 
 SCALED_TOL = 1e-4  # as in test_corpus: relative to the output's scale
-# One model per family with cheap builds: a CNN, a vision transformer, an encoder, a decoder
-# LM, a seq2seq decoder, a speech encoder.
-MODELS = ("mobilenet_v2", "vit", "distilbert", "gpt2", "bart_decoder", "wav2vec2")
-PARTITIONS, CAPS = 3, 2
+# Every family once across the two tests, on models with cheap builds (a random partition makes
+# many distinct kernels: 10-20 s per draw on a mid-size model, so few draws per model).
+PARTITIONED = ("squeezenet1_1", "vit", "gpt2", "wav2vec2")
+CAPPED = ("squeezenet1_1", "distilbert", "bart_decoder", "wav2vec2")
+PARTITIONS, CAPS = 2, 2
 TARGET = host_target()
 
 
@@ -50,7 +51,7 @@ def _scaled_error(got, want) -> float:
     return float(abs(got[0] - want).max() / max(float(abs(want).max()), 1e-30))
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PARTITIONED)
 def test_random_convex_partitions_match_pytorch(name: str) -> None:
     mod, inputs, want = _model(name)
     graph = build_graph(mod)
@@ -67,7 +68,7 @@ def test_random_convex_partitions_match_pytorch(name: str) -> None:
     check()
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CAPPED)
 def test_plans_under_random_caps_match_pytorch(name: str) -> None:
     mod, inputs, want = _model(name)
 

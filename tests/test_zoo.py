@@ -10,6 +10,7 @@ import tvm
 from tvm import relax
 
 from tvm_costfuse import models
+from tvm_costfuse.measurement.timing import run
 
 EXPECTED_NAMES = [
     "mlp_gelu",
@@ -277,3 +278,18 @@ def test_load_torch_scans_keep_torch_result_dtype(name: str) -> None:
     want = fns[name](x).numpy()
     assert out.dtype == want.dtype
     np.testing.assert_array_equal(out, want)
+
+
+def test_load_torch_negative_indices_count_from_the_end() -> None:
+    """A literal negative list index (Falcon's ``x[..., [-2], :]``) and a computed one: TVM's
+    converter emits ``take(mode="fast")``, which reads out of bounds for both."""
+    import torch
+
+    class Index(torch.nn.Module):
+        def forward(self, x, i):
+            return x[..., [-2], :] * x[0, i].sum()
+
+    args = (torch.randn(1, 4, 5, 3), torch.tensor([-1, 0, 2]))
+    mod, inputs = models.load_torch(Index(), args)
+    got = run(tvm.compile(mod, target="llvm"), inputs)[0]
+    np.testing.assert_allclose(got, Index()(*args).numpy(), rtol=1e-5, atol=1e-6)

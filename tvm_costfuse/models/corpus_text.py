@@ -250,12 +250,11 @@ MODELS: dict[str, tuple[str, Callable]] = {
                                 word_embed_proj_dim="hidden", **_LAYERS)),
     "bloom": ("decoder", _decoder("BloomConfig", "BloomModel", hidden_size="hidden",
                                   n_layer="layers", n_head="heads")),
-    # falcon-rw-1b's block (ALiBi, sequential attention and MLP, biases). Falcon-7b's and -40b's
-    # multi-query split takes keys with a negative list index, x[..., [-2], :], which TVM's
-    # torch frontend imports as R.take(mode="fast") without wrapping it: wrong outputs.
-    "falcon": ("decoder", _decoder("FalconConfig", "FalconModel", multi_query=False,
-                                   parallel_attn=False, new_decoder_architecture=False,
-                                   alibi=True, bias=True, **_LAYERS)),
+    # Falcon-7b's block: multi-query attention (one key/value head, split off with a negative
+    # list index, x[..., [-2], :]), rotary positions, attention and MLP in parallel, no biases.
+    "falcon": ("decoder", _decoder("FalconConfig", "FalconModel", multi_query=True,
+                                   parallel_attn=True, new_decoder_architecture=False,
+                                   alibi=False, bias=False, **_LAYERS)),
     "phi": ("decoder", _decoder("PhiConfig", "PhiModel", intermediate_size="ffn",
                                 **_LAYERS)),
     "llama": ("decoder", _decoder("LlamaConfig", "LlamaModel", intermediate_size="ffn",

@@ -74,11 +74,18 @@ def build_weights(name: str, spec: Spec
 
 
 def as_main(mod: tvm.IRModule, func_name: str) -> tvm.IRModule:
-    """A fresh module holding only ``func_name`` renamed to ``main``, without ``num_input``."""
+    """A fresh module with ``func_name`` renamed to ``main`` (without ``num_input``) and every
+    other function kept: importers emit helpers that ``main`` calls (TVM's ONNX frontend makes
+    a function for each Clip/ReLU6, for one)."""
     func = mod[func_name]
     if func.attrs is not None and "num_input" in func.attrs:
         func = func.without_attr("num_input")
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    # Keyed by the original GlobalVars: ``main`` calls the helpers through those objects.
+    funcs = {gv: f for gv, f in mod.functions.items() if gv.name_hint != func_name}
+    if any(gv.name_hint == "main" for gv in funcs):
+        raise ValueError(f"cannot rename {func_name!r} to 'main': the module has a 'main' too")
+    return tvm.IRModule({tvm.ir.GlobalVar("main"): func.with_attr("global_symbol", "main"),
+                         **funcs})
 
 
 def export(name: str, spec: Spec) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:

@@ -39,6 +39,46 @@ def _custom_converters() -> dict:
             "cumprod.default": _scan_in_torch_dtype(relax.op.cumprod)}
 
 
+@relax.expr_functor.mutator
+class _PythonIndexing(relax.PyExprMutator):
+    """``take`` with PyTorch's index semantics: a negative index counts from the end.
+
+    TVM's torch converters (``aten.index.Tensor``, as in Falcon's ``x[..., [-2], :]``) emit
+    ``take(..., mode="fast")``, which reads out of bounds for a negative index, under stock
+    TVM too. Constant indices are normalized here (free); computed ones get ``mode="wrap"``.
+    """
+
+    _TAKE = tvm.ir.Op.get("relax.take")
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not call.op.same_as(self._TAKE) or call.attrs.mode != "fast":
+            return call
+        data, indices = call.args
+        axis = call.attrs.axis
+        shape = getattr(data.ty, "shape", None)
+        if isinstance(indices, tvm.ir.expr.GenericConst) and shape is not None and axis is not None:
+            extent = shape.values[int(axis)]
+            if isinstance(extent, tvm.tirx.IntImm):
+                values = indices.value.numpy()
+                if (values < 0).any():
+                    fixed = relax.const(np.where(values < 0, values + int(extent), values))
+                    return relax.op.take(data, fixed, axis=axis, mode="fast")
+                return call
+        if isinstance(indices, tvm.ir.expr.GenericConst):
+            return call if (indices.value.numpy() >= 0).all() else relax.op.take(
+                data, indices, axis=axis, mode="wrap")
+        return relax.op.take(data, indices, axis=axis, mode="wrap")
+
+
+def _python_indexing(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every Relax function of ``mod`` with :class:`_PythonIndexing` applied."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = _PythonIndexing(mod).visit_expr(func)
+    return mod
+
+
 def load_torch(module, args: tuple, dynamic_shapes=None
                ) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
     """Import a ``torch.nn.Module`` via ``torch.export`` with its weights bound as constants.
@@ -47,7 +87,8 @@ def load_torch(module, args: tuple, dynamic_shapes=None
     ``module`` is switched to eval mode first (dropout/batch-norm must be in inference form).
     ``dynamic_shapes`` goes to ``torch.export.export`` (``torch.export.Dim`` per dimension):
     those dimensions become symbolic in Relax. Scans (cumsum, cumprod) keep PyTorch's result
-    dtype (see ``_scan_in_torch_dtype``).
+    dtype (see ``_scan_in_torch_dtype``); negative indices count from the end
+    (:class:`_PythonIndexing`).
     """
     try:
         import torch
@@ -62,7 +103,7 @@ def load_torch(module, args: tuple, dynamic_shapes=None
     # keep_params_as_input=False (the default) binds the weights as constants.
     mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
                                 custom_convert_map=_custom_converters())
-    mod = as_main(mod, "main")
+    mod = _python_indexing(as_main(mod, "main"))
     return mod, _inputs_for(mod, args)
 
 
@@ -115,7 +156,7 @@ def load_exported(path: str) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
     ep = torch.export.load(str(path))
     mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
                                 custom_convert_map=_custom_converters())
-    mod = as_main(mod, "main")
+    mod = _python_indexing(as_main(mod, "main"))
     if ep.example_inputs is None:
         raise ValueError(f"{path}: the archive holds no example inputs to run it with")
     args, _ = ep.example_inputs
