@@ -293,3 +293,18 @@ def test_load_torch_negative_indices_count_from_the_end() -> None:
     mod, inputs = models.load_torch(Index(), args)
     got = run(tvm.compile(mod, target="llvm"), inputs)[0]
     np.testing.assert_allclose(got, Index()(*args).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_load_torch_true_division_of_integers_is_float() -> None:
+    """``/`` on int64 is float32 in PyTorch (DeBERTa's log-bucketed positions take its log)."""
+    import torch
+
+    class Divide(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.log(x / 4 + 1.5) + x / y + y / 2.0
+
+    args = (torch.arange(8).reshape(1, 8), torch.randn(1, 8))
+    mod, inputs = models.load_torch(Divide(), args)
+    got = run(tvm.compile(mod, target="llvm"), inputs)[0]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, Divide()(*args).numpy(), rtol=1e-5, atol=1e-6)

@@ -234,12 +234,10 @@ MODELS: dict[str, tuple[str, Callable]] = {
                                    embedding_size=lambda d: d.hidden // 4)),
     "electra": ("encoder", _encoder("ElectraConfig", "ElectraModel",
                                     embedding_size=lambda d: d.hidden // 4)),
-    # deberta-v3-base's disentangled attention (c2p and p2c terms, shared keys, LN on the
-    # relative embeddings) with linear relative positions: its log-bucketed positions divide
-    # int64 tensors, which TVM's torch frontend imports as int64 (PyTorch: float), and then
-    # rejects the log of it.
+    # deberta-v3-base's disentangled attention: c2p and p2c terms, shared keys, LN on the
+    # relative embeddings, 256 log-bucketed relative positions (int64 true division, then log).
     "deberta_v2": ("encoder", _encoder(
-        "DebertaV2Config", "DebertaV2Model", relative_attention=True, position_buckets=-1,
+        "DebertaV2Config", "DebertaV2Model", relative_attention=True, position_buckets=256,
         pos_att_type=["p2c", "c2p"], max_relative_positions=-1, norm_rel_ebd="layer_norm",
         share_att_key=True, position_biased_input=False)),
     "clip_text": ("encoder", _clip_text),

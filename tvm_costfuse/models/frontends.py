@@ -34,9 +34,30 @@ def _scan_in_torch_dtype(op: Callable) -> Callable:
     return convert
 
 
+def _true_divide(node, importer) -> relax.Var:
+    """Converter for ``aten.div.Tensor`` (``/``) in PyTorch's result dtype.
+
+    ``/`` is true division: int64 / int64 is float32 in PyTorch. TVM's converter divides in
+    the operands' dtype, so an integer ``/`` (DeBERTa's log-bucketed relative positions)
+    truncates and the ``log`` after it is rejected for an int64 input. Both operands are cast
+    to the dtype PyTorch computed for the result (its type promotion), then divided.
+    """
+    dtype = str(node.meta["val"].dtype).removeprefix("torch.")
+
+    def operand(arg) -> relax.Expr:
+        if arg in importer.env:
+            value = importer.env[arg]
+            return value if str(value.ty.dtype) == dtype else relax.op.astype(value, dtype)
+        return relax.const(arg, dtype)  # a Python number
+
+    lhs, rhs = node.args[:2]
+    return importer.block_builder.emit(relax.op.divide(operand(lhs), operand(rhs)))
+
+
 def _custom_converters() -> dict:
     return {"cumsum.default": _scan_in_torch_dtype(relax.op.cumsum),
-            "cumprod.default": _scan_in_torch_dtype(relax.op.cumprod)}
+            "cumprod.default": _scan_in_torch_dtype(relax.op.cumprod),
+            "div.Tensor": _true_divide}
 
 
 @relax.expr_functor.mutator
