@@ -308,3 +308,17 @@ def test_load_torch_true_division_of_integers_is_float() -> None:
     got = run(tvm.compile(mod, target="llvm"), inputs)[0]
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, Divide()(*args).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_load_torch_cat_skips_empty_1d_inputs() -> None:
+    """PyTorch's cat skips ``(0,)`` inputs of any other rank (a decoder's empty KV cache)."""
+    import torch
+
+    class Cat(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([torch.empty(0), x * 2, x], dim=-2) + torch.cat((x, x), 2)
+
+    args = (torch.randn(1, 2, 3, 4),)
+    mod, inputs = models.load_torch(Cat(), args)
+    got = run(tvm.compile(mod, target="llvm"), inputs)[0]
+    np.testing.assert_allclose(got, Cat()(*args).numpy(), rtol=1e-5, atol=1e-6)

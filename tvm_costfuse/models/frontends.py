@@ -54,10 +54,24 @@ def _true_divide(node, importer) -> relax.Var:
     return importer.block_builder.emit(relax.op.divide(operand(lhs), operand(rhs)))
 
 
+def _cat_skipping_empty(node, importer) -> relax.Var:
+    """Converter for ``aten.cat``: PyTorch skips 1-d inputs of shape ``(0,)`` whatever the
+    other inputs' rank (a decoder's empty KV cache concatenated with 4-d keys); TVM's concat
+    rejects the mixed ranks."""
+    tensors = [t for t in node.args[0]
+               if not (t.meta.get("val") is not None and tuple(t.meta["val"].shape) == (0,))]
+    axis = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    values = [importer.env[t] for t in tensors or node.args[0][:1]]
+    if len(values) == 1:
+        return values[0]
+    return importer.block_builder.emit(relax.op.concat(values, axis=axis))
+
+
 def _custom_converters() -> dict:
     return {"cumsum.default": _scan_in_torch_dtype(relax.op.cumsum),
             "cumprod.default": _scan_in_torch_dtype(relax.op.cumprod),
-            "div.Tensor": _true_divide}
+            "div.Tensor": _true_divide, "cat.default": _cat_skipping_empty,
+            "concat.default": _cat_skipping_empty}
 
 
 @relax.expr_functor.mutator
