@@ -191,8 +191,12 @@ def _pack_panels(sch: s_tir.Schedule, main, shape: Einsum, cols: int) -> s_tir.S
         cache = sch.cache_read(main, _read_index(sch, main, buffer), "global")
         sch.transform_layout(cache, ("write", 0), _panel_map(load, shape.col, ks[0], cols))
         return sch
-    sch.transform_layout(main, ("read", _read_index(sch, main, buffer)),
-                         _panel_map(load, shape.col, ks[0], cols))
+    producer = next(p for p in sch.get_producers(main)
+                    if sch.get(p).writes[0].source.same_as(buffer))
+    # The panel map is a bijection (cols divides the padded extent); TVM 0.27 fails to prove
+    # it when the column is not the last index ("Indirect return occurred").
+    sch.transform_layout(producer, ("write", 0), _panel_map(load, shape.col, ks[0], cols),
+                         assume_injective_transform=True)
     return sch
 
 
@@ -249,6 +253,13 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
         for epilogue in sch.get_consumers(tail):
             _try(sch.reverse_compute_inline, epilogue)
     stmt = sch.get(main)
+    store = stmt.body
+    loads = [ld.value if isinstance(ld, tirx.Cast) else ld
+             for ld in (store.value.b.a, store.value.b.b)]
+    now = analyze(stmt, store, *loads)  # the operands are the padded copies now
+    if now is not None:
+        sch = _pack_panels(sch, main, now, tile.cols)
+    stmt = sch.get(main)
     var_of_loop = {val: iv.var for iv, val in
                    zip(stmt.iter_vars, get_sblockrealize(sch, main).iter_values)}
     kinds = loop_kinds(sch, main)
@@ -296,12 +307,6 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
     for blk in (init, tail):
         _vectorize_inner(sch, blk, lanes)
     done = {sch.get(b).name_hint for b in (main, init, tail)}
-    stmt = sch.get(main)
-    store = stmt.body
-    loads = [ld for ld in (store.value.b.a, store.value.b.b)]
-    loads = [ld.value if isinstance(ld, tirx.Cast) else ld for ld in loads]
-    now = analyze(stmt, store, *loads)
-    if now is not None:
-        sch = _pack_panels(sch, main, now, tile.cols)
     schedule_rest(sch, target, done)
+    _log.debug("%s: %d x %d tile%s", name, tile.rows, tile.cols, ", padded" if padded else "")
     return sch
