@@ -25,7 +25,6 @@ import logging
 from dataclasses import dataclass
 
 from tvm import ir, s_tir, tirx
-
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from ._common import MIN_PARALLEL_FMAS, int_extent, vector_lanes, vector_registers
@@ -135,7 +134,7 @@ def analyze(block: s_tir.SBlock, store, lhs, rhs) -> Einsum | None:
     return Einsum(col, rows[-1] if rows else None, streamed, other, reduce)
 
 
-def int_extent_of(iv) -> int | None:
+def _iter_extent(iv) -> int | None:
     ext = iv.dom.extent
     return int(ext) if isinstance(ext, tirx.IntImm) else None
 
@@ -188,13 +187,12 @@ def _pack_panels(sch: s_tir.Schedule, main, shape: Einsum, cols: int) -> s_tir.S
             return sch
         if col_last:
             return sch  # already full vectors along the columns: a copy would not pay
-        cache = sch.cache_read(main, _read_index(sch, main, buffer), "global")
-        sch.transform_layout(cache, ("write", 0), _panel_map(load, shape.col, ks[0], cols))
-        return sch
-    producer = next(p for p in sch.get_producers(main)
-                    if sch.get(p).writes[0].source.same_as(buffer))
-    # The panel map is a bijection (cols divides the padded extent); TVM 0.27 fails to prove
-    # it when the column is not the last index ("Indirect return occurred").
+        producer = sch.cache_read(main, _read_index(sch, main, buffer), "global")
+    else:
+        producer = next(p for p in sch.get_producers(main)
+                        if sch.get(p).writes[0].source.same_as(buffer))
+    # The panel map is a bijection (cols divides the extent); TVM 0.27 fails to prove it
+    # when the column is not the last index ("Indirect return occurred in idx_2").
     sch.transform_layout(producer, ("write", 0), _panel_map(load, shape.col, ks[0], cols),
                          assume_injective_transform=True)
     return sch
@@ -225,7 +223,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
     micro-kernel does not fit (the caller then keeps its general tiling)."""
     main = sch.get_sblock(name)
     stmt = sch.get(main)
-    extents = {iv.var: int_extent_of(iv) for iv in stmt.iter_vars}
+    extents = {iv.var: _iter_extent(iv) for iv in stmt.iter_vars}
     lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
     n = extents[shape.col]
     m = extents[shape.row] if shape.row is not None else 1

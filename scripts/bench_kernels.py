@@ -117,10 +117,10 @@ def corpus_cases(names: list[str]) -> list[Case]:
     from tvm_costfuse.models import corpus
     from tvm_costfuse.pipelines import prepare
 
+    call_tir = tvm.ir.Op.get("relax.call_tir")
     seen, out = set(), []
     for name in names:
         mod = prepare(corpus.load(name, small=False)[0])
-        call_tir = tvm.ir.Op.get("relax.call_tir")
 
         def visit(expr, model=name):
             if not (isinstance(expr, relax.Call) and expr.op.same_as(call_tir)):

@@ -16,10 +16,11 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.script import tirx as T
-from tvm_costfuse.measurement.timing import max_mismatch, run
-from tvm_costfuse.pipelines import fuse
 from tvm_costfuse.schedules import Contraction, rules
 from tvm_costfuse.schedules.gemm import accumulator_budget, choose_tile
+
+from tvm_costfuse.measurement.timing import max_mismatch, run
+from tvm_costfuse.pipelines import fuse
 from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
 from tvm_costfuse.targets import host_target, isa
 
@@ -41,6 +42,18 @@ def qk_transposed(q: T.Buffer((1, 12, 197, 64), "float32"),
             with T.init():
                 s[vb, vh, vi, vj] = T.float32(0)
             s[vb, vh, vi, vj] = s[vb, vh, vi, vj] + q[vb, vh, vi, vr] * k[vb, vh, vj, vr]
+
+
+@T.prim_func(private=True, s_tir=True)
+def qk_transposed_even(q: T.Buffer((8, 128, 64), "float32"), k: T.Buffer((8, 128, 64), "float32"),
+                       s: T.Buffer((8, 128, 128), "float32")):
+    """The same with extents the tile divides: nothing padded, the key still packed."""
+    for h, i, j, r in T.grid(8, 128, 128, 64):
+        with T.sblock("matmul"):
+            vh, vi, vj, vr = T.axis.remap("SSSR", [h, i, j, r])
+            with T.init():
+                s[vh, vi, vj] = T.float32(0)
+            s[vh, vi, vj] = s[vh, vi, vj] + q[vh, vi, vr] * k[vh, vj, vr]
 
 
 @T.prim_func(private=True, s_tir=True)
@@ -93,14 +106,17 @@ def test_tile_fits_the_register_file(target, shape):
 
 
 @ISAS
-def test_transposed_batched_matmul_is_padded_packed_and_register_blocked(target):
-    func = _scheduled(qk_transposed, target)
+@pytest.mark.parametrize("func", [qk_transposed, qk_transposed_even], ids=["197", "128"])
+def test_transposed_batched_matmul_is_packed_and_register_blocked(target, func):
+    rank = len(func.params[0].shape)
+    func = _scheduled(func, target)
     lanes = isa.vector_lanes(target, "float32")
     bufs = _buffers(func)
     acc = [shape for shape, scope in bufs.values() if scope == "local"]
     assert acc, "no register accumulator"
     panels = [shape for name, (shape, _) in bufs.items() if name.startswith("k")]
-    assert panels and len(panels[0]) == 5 and panels[0][-1] % lanes == 0  # (.., j/c, r, c)
+    assert len(panels) == 1 and len(panels[0]) == rank + 1  # (.., j / cols, r, cols)
+    assert panels[0][-1] % lanes == 0
     kinds = {lp.kind for lp in _loops(func)}
     assert {tirx.ForKind.PARALLEL, tirx.ForKind.UNROLLED, tirx.ForKind.VECTORIZED} <= kinds
     update = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED
@@ -183,3 +199,22 @@ def test_matmul_forms_get_the_contraction_rule_and_match_stock(name, strategy):
     got = run(tvm.compile(mod, TARGET, relax_pipeline=strategy_pipeline(strategy, TARGET)),
               inputs)
     assert max_mismatch(ref, got, RTOL, ATOL) <= 1.0
+
+
+@pytest.mark.parametrize("model", ["vit_b_16", "vit", "bert"])
+def test_corpus_transformer_matmuls_all_get_the_contraction_rule(model):
+    """Attention's batch matmuls (per-head 197 or 128 rows, K = head width) and every Linear
+    of the corpus transformers, as the PyTorch importer emits them, after CostFuse."""
+    pytest.importorskip("torch")
+    from tvm_costfuse.models import corpus
+
+    mod = corpus.load(model, small=True)[0]
+    fused = fuse(mod, TARGET, fusion_pass("costfuse", TARGET))
+    matmuls = 0
+    with TARGET:
+        for gv, func in fused.functions.items():
+            if isinstance(func, tirx.PrimFunc) and "matmul" in gv.name_hint:
+                first = next(r for r in rules() if r.apply(func, TARGET, False) is not None)
+                assert isinstance(first, Contraction), gv.name_hint
+                matmuls += 1
+    assert matmuls >= 3
