@@ -28,7 +28,7 @@ from tvm import relax
 
 from tvm_costfuse.measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
 from tvm_costfuse.strategies import strategy_pipeline
-from tvm_costfuse.targets import host_target
+from tvm_costfuse.targets import host_target, isa
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--cases", nargs="*", help="substrings of case names to keep")
     ap.add_argument("--from-corpus", nargs="*", default=[], metavar="MODEL")
+    ap.add_argument("--peak", action="store_true",
+                    help="also time calibrate's FMA-chain kernel: each kernel's share of peak")
     args = ap.parse_args()
 
     target = host_target(args.threads)
+    tvm.get_global_func("runtime.config_threadpool")(1, args.threads)  # TVM's pool = torch's
     cases = CASES + corpus_cases(args.from_corpus)
     if args.cases:
         cases = [c for c in cases if any(s in c.name for s in args.cases)]
@@ -171,16 +174,25 @@ def main() -> None:
         if torch is not None:
             samplers[(case.name, "torch")] = call_sampler(torch_call(case, arrays))
         flops[case.name] = case.flops()
+    if args.peak:
+        from tvm_costfuse.measurement.calibrate import _fp32_flops
+
+        lanes = isa.vector_bits(target) // 32
+        samplers[("peak", "tvm")] = lambda: 1.0 / _fp32_flops(lanes, args.threads, target,
+                                                               1 << 14, 1, 50)
     samples = interleave(samplers, args.repeat)
+    peak = 1.0 / float(np.median(samples[("peak", "tvm")])) if args.peak else math.nan
+    if args.peak:
+        print(f"FMA-chain peak: {peak / 1e9:.1f} GFLOP/s")
     print(f"{'case':40s} {'tvm ms':>9s} {'torch ms':>9s} {'tvm GF/s':>9s} {'torch GF/s':>10s} "
-          f"{'tvm/torch':>9s}")
+          f"{'tvm/torch':>9s} {'tvm/peak':>8s}")
     ratios = []
     for case in cases:
         t = float(np.median(samples[(case.name, "tvm")]))
         p = float(np.median(samples[(case.name, "torch")])) if torch is not None else math.nan
         ratios.append(p / t)
         print(f"{case.name:40s} {t * 1e3:9.3f} {p * 1e3:9.3f} {flops[case.name] / t / 1e9:9.1f} "
-              f"{flops[case.name] / p / 1e9:10.1f} {p / t:9.2f}")
+              f"{flops[case.name] / p / 1e9:10.1f} {p / t:9.2f} {flops[case.name] / t / peak:8.2f}")
     if torch is not None:
         worst = min(range(len(cases)), key=lambda i: ratios[i])
         print(f"geomean tvm/torch speed: {geomean(ratios):.2f}  worst {ratios[worst]:.2f} "
