@@ -117,7 +117,10 @@ def _analyze_contraction(block: s_tir.SBlock) -> _ContractionShape | None:
 class Contraction(SafeRule):
     """Matmul, batch matmul, conv2d (incl. 1x1, depthwise) with spatial producers/epilogue.
 
-    Loop nest: ``parallel(tile of the bigger operand, other spatial, other tile) -> reduction
+    A block whose indices are all plain vars (dense, matmul and batch matmul in every form the
+    importers emit, 1x1 conv) gets the register-blocked micro-kernel of ``gemm.py``, which pads
+    ragged extents; the rest (convolutions with windows, or where the micro-kernel declines)
+    keep the tiling below, whose tiles must divide the extents. Loop nest: ``parallel(tile of the bigger operand, other spatial, other tile) -> reduction
     loops -> row tile (unrolled) -> vector tile (vectorized)``. The ``row x vec`` accumulator
     lives in a ``local`` buffer that LLVM promotes to registers; the epilogue is inlined into
     its write-back so the contraction result never reaches memory. Producers (pad, transpose)

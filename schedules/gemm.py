@@ -37,8 +37,10 @@ _log = logging.getLogger(__name__)
 # ``_common.vector_tile``).
 _VECTOR_COUNTS = (1, 2, 4)
 
-# Independent accumulators that hide FMA latency: ~4 cycles on 2 ports.
-_MIN_ACCUMULATORS = 8
+# Cycles from one FMA to the next on the same accumulator (4 on Skylake and Zen 4, 5 on
+# Haswell: the larger, so an AVX2 tile keeps 10+ chains): a tile of fewer than twice this many
+# accumulators (2 FMA ports) waits on its own chains.
+_FMA_LATENCY = 5
 
 # Vector loads and broadcasts issued per cycle. Two load ports in theory; measured on an
 # AVX-512 host (emeraldrapids, ViT's 12 x 197 x 64 x 197 scores), a 22 x 1 tile (23 loads per
@@ -68,13 +70,11 @@ def accumulator_budget(registers: int) -> int:
 def _tile_cycles(tile: Tile, m: int, n: int) -> float:
     """Relative time of the padded ``m x n`` output in ``tile``s, per reduction step.
 
-    Per step a tile issues ``rows * vectors`` FMAs (2 per cycle), ``rows + vectors`` loads
-    (:data:`_LOADS_PER_CYCLE`) and cannot go faster than one FMA latency unless it has enough
-    accumulators.
+    Per step a tile issues ``rows * vectors`` FMAs (2 per cycle) and ``rows + vectors`` loads
+    (:data:`_LOADS_PER_CYCLE`), and takes at least one FMA latency.
     """
     fmas = tile.rows * tile.vectors
-    per_tile = max(fmas / 2, (tile.rows + tile.vectors) / _LOADS_PER_CYCLE,
-                   fmas * 4 / _MIN_ACCUMULATORS / 2 if fmas < _MIN_ACCUMULATORS else 0, 1)
+    per_tile = max(fmas / 2, (tile.rows + tile.vectors) / _LOADS_PER_CYCLE, _FMA_LATENCY)
     return -(-m // tile.rows) * -(-n // tile.cols) * per_tile
 
 
