@@ -1,10 +1,12 @@
 """Kernel benchmark: our CPU contraction kernels against the same PyTorch op, one thread count.
 
 Each case is one contraction as the corpus models contain it (a Linear with its bias, an
-attention batch matmul with a transposed operand, a batch matmul of unequal batch ranks),
+attention batch matmul with a transposed operand, a batch matmul of unequal batch ranks, a
+ResNet or MobileNet convolution),
 built as a small Relax function, compiled with FuseOps + our CPU rules (weights bound as
-constants, so prepacking applies as in a model) and checked against NumPy. PyTorch runs the
-same op (``torch.nn.functional.linear`` / ``torch.matmul``) at the same thread count
+constants, so prepacking applies as in a model) and checked against NumPy (convolutions:
+against PyTorch). PyTorch runs the
+same op (``torch.nn.functional.linear`` / ``torch.matmul`` / ``conv2d``) at the same thread count
 (``torch.set_num_threads`` = the target's ``num-cores``). Both are sampled in interleaved
 rounds in one process; medians, GFLOP/s, their ratio, the geomean and the worst ratio print.
 
@@ -54,6 +56,25 @@ class Case:
         return 2.0 * math.prod(batch) * m * n * k
 
 
+@dataclass(frozen=True)
+class Conv:
+    """``conv2d(x, w)`` (NCHW, OIHW, a constant weight) with ``stride``, ``pad``, ``groups``."""
+
+    name: str
+    x: tuple[int, int, int, int]
+    w: tuple[int, int, int, int]
+    stride: int = 1
+    pad: int = 0
+    groups: int = 1
+
+    def flops(self) -> float:
+        n, _, h, wd = self.x
+        co, ci, kh, kw = self.w
+        ho = (h + 2 * self.pad - kh) // self.stride + 1
+        wo = (wd + 2 * self.pad - kw) // self.stride + 1
+        return 2.0 * n * co * ho * wo * ci * kh * kw
+
+
 # Shapes from the corpus's vision transformers and BERT (sequence 197 and 128, width 768).
 CASES = [
     Case("linear_197x384x1536", (197, 384), (384, 1536), bias=True),
@@ -66,7 +87,28 @@ CASES = [
     Case("bert_qkT_12x128x64x128", (1, 12, 128, 64), (1, 12, 128, 64), trans_b=True,
          weight=False),
     Case("bcast_b_12x197x64x64", (1, 12, 197, 64), (64, 64), weight=False),
+    # ResNet-50 (1x1 and 3x3 at 56x56 and 14x14) and MobileNetV2 (depthwise) at 224 px.
+    Conv("r50_conv1x1_64x56x56_to256", (1, 64, 56, 56), (256, 64, 1, 1)),
+    Conv("r50_conv1x1_256x14x14_to1024", (1, 256, 14, 14), (1024, 256, 1, 1)),
+    Conv("r50_conv3x3_64x56x56", (1, 64, 56, 56), (64, 64, 3, 3), pad=1),
+    Conv("mnv2_dw3x3_96x56x56_s2", (1, 96, 56, 56), (96, 1, 3, 3), stride=2, pad=1, groups=96),
 ]
+
+
+def conv_module(case: Conv, rng):
+    """The conv case as a Relax function, its inputs, PyTorch's output, and the arrays."""
+
+    x = rng.standard_normal(case.x, dtype=np.float32)
+    w = (rng.standard_normal(case.w) / math.sqrt(math.prod(case.w[1:]))).astype(np.float32)
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(case.x, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            gv = bb.emit_output(relax.op.nn.conv2d(xv, relax.const(w), strides=case.stride,
+                                                   padding=case.pad, groups=case.groups))
+        bb.emit_func_output(gv)
+    ref = torch_call(case, (x, w, None))().numpy()
+    return bb.get(), {"x": x}, ref, (x, w, None)
 
 
 def relax_module(case: Case, rng) -> tuple[tvm.IRModule, dict[str, np.ndarray], np.ndarray, tuple]:
@@ -99,9 +141,13 @@ def relax_module(case: Case, rng) -> tuple[tvm.IRModule, dict[str, np.ndarray], 
     return bb.get(), inputs, ref, (a, b, bias)
 
 
-def torch_call(case: Case, arrays):
+def torch_call(case: Case | Conv, arrays):
     import torch
 
+    if isinstance(case, Conv):
+        x, w = torch.from_numpy(arrays[0]), torch.from_numpy(arrays[1])
+        return lambda: torch.nn.functional.conv2d(x, w, stride=case.stride, padding=case.pad,
+                                                  groups=case.groups)
     a, b, bias = (torch.from_numpy(x) for x in arrays)
     if case.bias and not case.trans_b and b.ndim == 2:
         w = b.t().contiguous()  # nn.Linear's (out, in) weight
@@ -166,7 +212,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     samplers, flops = {}, {}
     for case in cases:
-        mod, inputs, ref, arrays = relax_module(case, rng)
+        if isinstance(case, Conv) and torch is None:
+            continue  # PyTorch is the conv reference
+        build = conv_module if isinstance(case, Conv) else relax_module
+        mod, inputs, ref, arrays = build(case, rng)
         ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
         got = run(ex, inputs)[0]
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
@@ -187,6 +236,7 @@ def main() -> None:
     print(f"{'case':40s} {'tvm ms':>9s} {'torch ms':>9s} {'tvm GF/s':>9s} {'torch GF/s':>10s} "
           f"{'tvm/torch':>9s} {'tvm/peak':>8s}")
     ratios = []
+    cases = [c for c in cases if c.name in flops]
     for case in cases:
         t = float(np.median(samples[(case.name, "tvm")]))
         p = float(np.median(samples[(case.name, "torch")])) if torch is not None else math.nan
