@@ -29,7 +29,7 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from ._common import MIN_PARALLEL_FMAS, int_extent, vector_lanes, vector_registers
 from ._loops import loop_kinds, parallelize, schedule_rest
-from .prepack import _layout_free, pack_streamed_operand
+from .prepack import layout_free, pack_streamed_operand
 
 _log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def _pack_panels(sch: s_tir.Schedule, main, shape: Einsum, cols: int) -> s_tir.S
         return sch  # several reduction axes, ragged or one panel wide: nothing to gain
     col_last = pos == len(load.indices) - 1
     if any(p.same_as(buffer) for p in sch.mod["main"].params):
-        if any(p.same_as(buffer) for p in _layout_free(sch)) and col_last:
+        if any(p.same_as(buffer) for p in layout_free(sch)) and col_last:
             trial = sch.copy()
             try:
                 if pack_streamed_operand(trial, main, buffer, cols):
@@ -235,7 +235,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
     m = extents[shape.row] if shape.row is not None else 1
     if n is None or m is None or n < lanes:
         return None  # narrower than one vector: the general tiling fits partial vectors
-    weight = any(p.same_as(shape.streamed.source) for p in _layout_free(sch))
+    weight = any(p.same_as(shape.streamed.source) for p in layout_free(sch))
     tile = choose_tile(m, n, lanes, vector_registers(target), cols_must_divide=weight)
     if tile is None:
         return None
