@@ -10,6 +10,7 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
+from . import gemm
 from ._common import (
     MIN_PARALLEL_FMAS,
     covers_output,
@@ -55,8 +56,8 @@ def _uses(exprs, var: tirx.Var) -> bool:
     return any(v.same_as(var) for v in found)
 
 
-def _analyze_contraction(block: s_tir.SBlock) -> _ContractionShape | None:
-    """Match ``C[v...] = C[v...] + A[..] * B[..]`` with ``v`` plain spatial block vars."""
+def _operands(block: s_tir.SBlock):
+    """``(C, A, B)`` of ``C[..] = C[..] + A[..] * B[..]`` (loads under an optional Cast)."""
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
         return None
@@ -68,6 +69,15 @@ def _analyze_contraction(block: s_tir.SBlock) -> _ContractionShape | None:
     lhs, rhs = _load(prod.a), _load(prod.b)
     if lhs is None or rhs is None:
         return None
+    return store, lhs, rhs
+
+
+def _analyze_contraction(block: s_tir.SBlock) -> _ContractionShape | None:
+    """Match ``C[v...] = C[v...] + A[..] * B[..]`` with ``v`` plain spatial block vars."""
+    operands = _operands(block)
+    if operands is None:
+        return None
+    store, lhs, rhs = operands
     kinds = {iv.var: iv.iter_type for iv in block.iter_vars}
     extents = {iv.var: iv.dom.extent for iv in block.iter_vars}
     if not all(
@@ -108,7 +118,10 @@ def _analyze_contraction(block: s_tir.SBlock) -> _ContractionShape | None:
 class Contraction(SafeRule):
     """Matmul, batch matmul, conv2d (incl. 1x1, depthwise) with spatial producers/epilogue.
 
-    Loop nest: ``parallel(tile of the bigger operand, other spatial, other tile) -> reduction
+    A block whose indices are all plain vars (dense, matmul and batch matmul in every form the
+    importers emit, 1x1 conv) gets the register-blocked micro-kernel of ``gemm.py``, which pads
+    ragged extents; the rest (convolutions with windows, or where the micro-kernel declines)
+    keep the tiling below, whose tiles must divide the extents. Loop nest: ``parallel(tile of the bigger operand, other spatial, other tile) -> reduction
     loops -> row tile (unrolled) -> vector tile (vectorized)``. The ``row x vec`` accumulator
     lives in a ``local`` buffer that LLVM promotes to registers; the epilogue is inlined into
     its write-back so the contraction result never reaches memory. Producers (pad, transpose)
@@ -125,13 +138,26 @@ class Contraction(SafeRule):
         if len(reductions) != 1:
             return None
         name = sch.get(reductions[0]).name_hint
+        operands = _operands(sch.get(reductions[0]))
+        einsum = gemm.analyze(sch.get(reductions[0]), *operands) if operands else None
         shape = _analyze_contraction(sch.get(reductions[0]))
-        if shape is None:
+        if shape is None and einsum is None:
             return None
         inline_spatial(sch, protect={name})
         main = sch.get_sblock(name)
         consumers = sch.get_consumers(main)
         if len(consumers) > 1:
+            return None
+        if einsum is not None:
+            trial = sch.copy()  # the micro-kernel fails whole: the general tiling stands
+            try:
+                done = gemm.schedule(trial, name, einsum, target)
+            except (RuntimeError, ValueError) as err:  # ScheduleError is a RuntimeError
+                _log.debug("%s: no micro-kernel: %s", name, str(err).splitlines()[0])
+                done = None
+            if done is not None:
+                return done
+        if shape is None:
             return None
 
         stmt = sch.get(main)

@@ -33,7 +33,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
-__all__ = ["mark_constant_weights", "pack_constants", "pack_streamed_operand", "packed"]
+__all__ = ["layout_free", "mark_constant_weights", "pack_constants", "pack_streamed_operand",
+           "packed"]
 
 LAYOUT_FREE = "layout_free_buffers"
 
@@ -77,7 +78,7 @@ def mark_constant_weights(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     return out
 
 
-def _layout_free(sch: s_tir.Schedule) -> list:
+def layout_free(sch: s_tir.Schedule) -> list:
     """The buffers (parameters) the function's ``layout_free_buffers`` names."""
     func = sch.mod["main"]
     attrs = func.attrs
@@ -89,7 +90,7 @@ def _layout_free(sch: s_tir.Schedule) -> list:
 def pack_streamed_operand(sch: s_tir.Schedule, block, buffer, vtile: int) -> bool:
     """Store ``buffer`` (a parameter read by ``block`` with the vectorized output index last)
     as ``(n / vtile, ..., vtile)`` when it is a constant weight; whether it did."""
-    if not any(p.same_as(buffer) for p in _layout_free(sch)):
+    if not any(p.same_as(buffer) for p in layout_free(sch)):
         return False
     shape = [int(s) for s in buffer.shape] if all(
         isinstance(s, tirx.IntImm) for s in buffer.shape) else None

@@ -1,0 +1,220 @@
+"""The contraction micro-kernel (schedules/gemm.py): every matmul form the importers emit gets
+it, its tile fits the target's register file, its inner loop is FMAs on registers, and the
+numbers match TVM's stock build.
+
+Structural checks use explicit ISAs (AVX2 ``haswell``, AVX-512 ``skylake-avx512``) and only
+compile, so they hold on any x86-64 host; numeric checks run on this host's own ISA.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm.script import tirx as T
+from tvm_costfuse.schedules import Contraction, rules
+from tvm_costfuse.schedules.gemm import accumulator_budget, choose_tile
+
+from tvm_costfuse.measurement.timing import max_mismatch, run
+from tvm_costfuse.pipelines import fuse
+from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
+from tvm_costfuse.targets import host_target, isa
+
+TARGET = host_target(2)
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+ISAS = pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@T.prim_func(private=True, s_tir=True)
+def qk_transposed(q: T.Buffer((1, 12, 197, 64), "float32"),
+                  k: T.Buffer((1, 12, 197, 64), "float32"),
+                  s: T.Buffer((1, 12, 197, 197), "float32")):
+    """Attention scores with the key read transposed (``q @ k^T``): 197 is prime."""
+    for b, h, i, j, r in T.grid(1, 12, 197, 197, 64):
+        with T.sblock("matmul"):
+            vb, vh, vi, vj, vr = T.axis.remap("SSSSR", [b, h, i, j, r])
+            with T.init():
+                s[vb, vh, vi, vj] = T.float32(0)
+            s[vb, vh, vi, vj] = s[vb, vh, vi, vj] + q[vb, vh, vi, vr] * k[vb, vh, vj, vr]
+
+
+@T.prim_func(private=True, s_tir=True)
+def qk_transposed_even(q: T.Buffer((8, 128, 64), "float32"), k: T.Buffer((8, 128, 64), "float32"),
+                       s: T.Buffer((8, 128, 128), "float32")):
+    """The same with extents the tile divides: nothing padded, the key still packed."""
+    for h, i, j, r in T.grid(8, 128, 128, 64):
+        with T.sblock("matmul"):
+            vh, vi, vj, vr = T.axis.remap("SSSR", [h, i, j, r])
+            with T.init():
+                s[vh, vi, vj] = T.float32(0)
+            s[vh, vi, vj] = s[vh, vi, vj] + q[vh, vi, vr] * k[vh, vj, vr]
+
+
+@T.prim_func(private=True, s_tir=True)
+def linear_bias(x: T.Buffer((197, 384), "float32"), w: T.Buffer((384, 1536), "float32"),
+                bias: T.Buffer((1536,), "float32"), out: T.Buffer((197, 1536), "float32")):
+    acc = T.sblock_alloc_buffer((197, 1536))
+    for i, j, r in T.grid(197, 1536, 384):
+        with T.sblock("matmul"):
+            vi, vj, vr = T.axis.remap("SSR", [i, j, r])
+            with T.init():
+                acc[vi, vj] = T.float32(0)
+            acc[vi, vj] = acc[vi, vj] + x[vi, vr] * w[vr, vj]
+    for i, j in T.grid(197, 1536):
+        with T.sblock("epilogue"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = acc[vi, vj] + bias[vj]
+
+
+def _scheduled(func, target) -> tirx.PrimFunc:
+    sch = Contraction().apply(func, target, False)
+    assert sch is not None, "the contraction rule did not apply"
+    return sch.mod["main"]
+
+
+def _loops(func) -> list[tirx.For]:
+    found = []
+    tvm_ffi.structural_walk(func.body, (tirx.For, found.append), order="pre")
+    return found
+
+
+def _buffers(func) -> dict[str, tuple]:
+    found = {}
+
+    def visit(block):
+        for buf in block.alloc_buffers:
+            found[buf.name] = (tuple(int(d) for d in buf.shape), buf.scope())
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit))
+    return found
+
+
+@ISAS
+@pytest.mark.parametrize("shape", [(197, 1536), (197, 197), (128, 64), (1, 1000)])
+def test_tile_fits_the_register_file(target, shape):
+    lanes, registers = isa.vector_lanes(target, "float32"), isa.vector_registers(target)
+    tile = choose_tile(*shape, lanes, registers)
+    assert tile.cols % lanes == 0 and tile.rows <= shape[0]
+    assert tile.rows * tile.vectors <= accumulator_budget(registers)
+    assert tile.rows * tile.vectors >= min(8, shape[0] * tile.vectors)  # latency hidden
+
+
+@ISAS
+@pytest.mark.parametrize("func", [qk_transposed, qk_transposed_even], ids=["197", "128"])
+def test_transposed_batched_matmul_is_packed_and_register_blocked(target, func):
+    rank = len(func.params[0].shape)
+    func = _scheduled(func, target)
+    lanes = isa.vector_lanes(target, "float32")
+    bufs = _buffers(func)
+    acc = [shape for shape, scope in bufs.values() if scope == "local"]
+    assert acc, "no register accumulator"
+    panels = [shape for name, (shape, _) in bufs.items() if name.startswith("k")]
+    assert len(panels) == 1 and len(panels[0]) == rank + 1  # (.., j / cols, r, cols)
+    assert panels[0][-1] % lanes == 0
+    kinds = {lp.kind for lp in _loops(func)}
+    assert {tirx.ForKind.PARALLEL, tirx.ForKind.UNROLLED, tirx.ForKind.VECTORIZED} <= kinds
+    update = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED
+              and "matmul_update" in lp.body.script()]
+    assert update and int(update[0].extent) % lanes == 0
+
+
+def _inner_loop(asm: str) -> str:
+    """The basic block with the most FMAs (the micro-kernel's reduction step)."""
+    blocks = [re.split(r"\n\tj\w+\s", b)[0] for b in re.split(r"\n\.LBB\w+:", asm)]
+    return max(blocks, key=lambda b: b.count("vfmadd"))
+
+
+@ISAS
+def test_inner_loop_is_fmas_on_registers(target):
+    """Compile only (explicit ISA): the reduction step is full-width FMAs, no stack traffic."""
+    func = _scheduled(linear_bias, target)
+    ex = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
+    body = _inner_loop(ex.mod.inspect_source("asm"))
+    reg = "zmm" if isa.vector_bits(target) == 512 else "ymm"
+    lanes = isa.vector_lanes(target, "float32")
+    tile = choose_tile(197, 1536, lanes, isa.vector_registers(target), cols_must_divide=True)
+    fmas = [ln for ln in body.splitlines() if "vfmadd" in ln]
+    assert len(fmas) >= tile.rows * tile.vectors and all(reg in ln for ln in fmas)
+    assert "rsp" not in body  # no spill or reload
+
+
+# ----------------------------------------------------------------------------- numerics
+
+
+def _module(a_shape, b_shape, transpose_b=False, bias=False, weight=False):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(a_shape).astype("float32")
+    b = rng.standard_normal(b_shape).astype("float32")
+    bb = relax.BlockBuilder()
+    xa = relax.Var("a", relax.TensorType(a_shape, "float32"))
+    params, inputs = [xa], {"a": a}
+    if weight:
+        xb = relax.const(b)
+    else:
+        xb = relax.Var("b", relax.TensorType(b_shape, "float32"))
+        params.append(xb)
+        inputs["b"] = b
+    with bb.function("main", params):
+        with bb.dataflow():
+            rank = len(b_shape)
+            rhs = relax.op.permute_dims(xb, [*range(rank - 2), rank - 1, rank - 2]) \
+                if transpose_b else xb
+            out = relax.op.matmul(xa, rhs)
+            if bias:
+                n = b_shape[-2] if transpose_b else b_shape[-1]
+                out = relax.op.add(out, relax.const(rng.standard_normal(n).astype("float32")))
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get(), inputs
+
+
+FORMS = {
+    "qk_transposed_4d": ((1, 12, 197, 64), (1, 12, 197, 64), True, False, False),
+    "pv_4d": ((1, 12, 197, 197), (1, 12, 197, 64), False, False, False),
+    "broadcast_batch": ((2, 3, 37, 64), (64, 48), False, False, False),
+    "batch_of_one_broadcast": ((4, 33, 40), (1, 40, 24), False, False, False),
+    "linear_weight_bias": ((1, 197, 96), (96, 160), False, True, True),
+    "linear_transposed_weight": ((197, 96), (160, 96), True, True, True),
+}
+
+
+@pytest.mark.parametrize("strategy", ["tvm", "costfuse"])
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_matmul_forms_get_the_contraction_rule_and_match_stock(name, strategy):
+    mod, inputs = _module(*FORMS[name])
+    fused = fuse(mod, TARGET, fusion_pass(strategy, TARGET))
+    with TARGET:
+        for gv, func in fused.functions.items():
+            if isinstance(func, tirx.PrimFunc) and "matmul" in gv.name_hint:
+                first = next(r for r in rules() if r.apply(func, TARGET, False) is not None)
+                assert isinstance(first, Contraction), gv.name_hint
+    ref = run(tvm.compile(mod, TARGET, relax_pipeline=strategy_pipeline("stock", TARGET)),
+              inputs)
+    got = run(tvm.compile(mod, TARGET, relax_pipeline=strategy_pipeline(strategy, TARGET)),
+              inputs)
+    assert max_mismatch(ref, got, RTOL, ATOL) <= 1.0
+
+
+@pytest.mark.parametrize("model", ["vit_b_16", "vit", "bert"])
+def test_corpus_transformer_matmuls_all_get_the_contraction_rule(model):
+    """Attention's batch matmuls (per-head 197 or 128 rows, K = head width) and every Linear
+    of the corpus transformers, as the PyTorch importer emits them, after CostFuse."""
+    pytest.importorskip("torch")
+    from tvm_costfuse.models import corpus
+
+    mod = corpus.load(model, small=True)[0]
+    fused = fuse(mod, TARGET, fusion_pass("costfuse", TARGET))
+    matmuls = 0
+    with TARGET:
+        for gv, func in fused.functions.items():
+            if isinstance(func, tirx.PrimFunc) and "matmul" in gv.name_hint:
+                first = next(r for r in rules() if r.apply(func, TARGET, False) is not None)
+                assert isinstance(first, Contraction), gv.name_hint
+                matmuls += 1
+    assert matmuls >= 3
