@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
-from ._common import MIN_PARALLEL_FMAS, int_extent, vector_lanes, vector_registers
+from ._common import (
+    MIN_PARALLEL_FMAS,
+    covers_output,
+    int_extent,
+    vector_lanes,
+    vector_registers,
+)
 from ._loops import loop_kinds, parallelize, schedule_rest
 from .prepack import layout_free, pack_streamed_operand
 
@@ -255,7 +261,8 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
             return None
         tail = crops[0]
         for epilogue in sch.get_consumers(tail):
-            _try(sch.reverse_compute_inline, epilogue)
+            if covers_output(sch.get(epilogue), sch.get(tail)):
+                _try(sch.reverse_compute_inline, epilogue)
     stmt = sch.get(main)
     store = stmt.body
     loads = [ld.value if isinstance(ld, tirx.Cast) else ld
@@ -302,7 +309,8 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
     else:
         tail = writeback
         for epilogue in sch.get_consumers(writeback):
-            _try(sch.reverse_compute_inline, epilogue)
+            if covers_output(sch.get(epilogue), sch.get(writeback)):
+                _try(sch.reverse_compute_inline, epilogue)
     sch.reverse_compute_at(tail, tile_loop, preserve_unit_loops=True)
     if len(inner) == 2 and tile.rows > 1:
         sch.unroll(inner[0])
