@@ -206,7 +206,7 @@ def _candidates(graph: OpGraph, q: _Quotient, g: int) -> Iterable[tuple[str, int
         yield "vertical", g, s
     for p in q.pred[g]:
         yield "vertical", p, g
-    for name in q.members[g]:
+    for name in _key(q, g):  # binding order: a frozenset's order follows string hashes
         for src in graph[name].inputs:
             readers = graph.consumers.get(src, ()) if not src.startswith("%") else ()
             for r in readers[:_MAX_SIBLINGS]:

@@ -64,7 +64,7 @@ class Estimate:
     confidence: float = 0.5
 
     def __add__(self, other: Estimate) -> Estimate:
-        keys = set(self.breakdown) | set(other.breakdown)
+        keys = dict.fromkeys([*self.breakdown, *other.breakdown])  # ordered, unlike a set
         return Estimate(
             self.seconds + other.seconds,
             {k: self.breakdown.get(k, 0.0) + other.breakdown.get(k, 0.0) for k in keys},

@@ -290,7 +290,7 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
     # Inlining an elementwise producer into a contraction would recompute it once per use of
     # each of its elements (N times for the A operand of an M x K x N matmul).
     recompute = 0.0
-    for name in prologue:
+    for name in sorted(prologue, key=lambda n: facts[n].index):  # a float sum: fixed order
         f = facts[name]
         uses = sum(graph[r].flops / 2 / max(1, f.elems)
                    for r in f.consumers if classes.get(r) == "contraction")
