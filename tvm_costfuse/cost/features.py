@@ -213,39 +213,64 @@ _NOT_LEARNED = ("boundary_sizes", "tuple_items", "prologue_compute",
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)
 
 
-def _is_move(node, classes) -> bool:
+def _is_move(node, cls: str) -> bool:
     """Data movement: an injective call_tir without arithmetic (transpose, reshape, split)."""
-    return classes[node.name] == "injective" and node.kind == "call_tir" and not node.flops
+    return cls == "injective" and node.kind == "call_tir" and not node.flops
 
 
 class _NodeFacts:
-    """What ``group_features`` reads of one node, computed once per graph (the planner asks
-    about thousands of groups of one graph; per call only the group-dependent work is left)."""
+    """What ``group_features`` reads of one node, computed once per graph: the planner asks
+    about tens of thousands of groups of one graph, most of a few ops, so per call only the
+    group-dependent work is left and each fact is one attribute read."""
 
     __slots__ = (
-        "cls",
+        "computes",
         "consumers",
+        "contraction",
+        "dtype",
         "elems",
         "escapes_block",
-        "gets",
+        "flops",
         "index",
         "inputs",
+        "is_call",
         "is_move",
+        "math",
+        "move_reorders",
+        "name",
         "node",
         "producers",
+        "reads",
+        "reduction",
+        "tuple_extra",
+        "view",
         "window",
+        "work",
+        "written",
     )
 
     def __init__(self, graph: OpGraph, node) -> None:
-        self.node, self.index, self.cls = node, node.index, op_class(node)
+        cls = op_class(node)
+        self.node, self.name, self.index = node, node.name, node.index
+        self.contraction, self.reduction = cls == "contraction", cls == "reduction"
+        self.computes = cls != "injective"
         self.inputs = tuple(zip(node.inputs, node.input_bytes, strict=True))
+        self.reads = node.inputs if self.reduction else ()  # counted by ``accumulators``
         self.producers = graph.producers(node.name)
         self.consumers = graph.consumers.get(node.name, ())
         self.escapes_block = node.name in graph.block_outputs
-        self.is_move = _is_move(node, {node.name: self.cls})
+        self.is_move = _is_move(node, cls)
+        self.move_reorders = self.is_move and not node.reshape_like
         self.elems = _elems(node)
-        self.window = self.cls == "reduction" and _is_window(node)
-        self.gets = sum(graph[r].kind == "tuple_get_item" for r in self.consumers)
+        self.window = self.reduction and _is_window(node)
+        gets = sum(graph[r].kind == "tuple_get_item" for r in self.consumers)
+        self.tuple_extra = max(0, gets - 1) if len(node.outputs) > 1 else 0
+        self.flops, self.math, self.written = node.flops, node.math, node.bytes_written
+        self.dtype = node.outputs[0].dtype if node.outputs else None
+        self.is_call, self.view = node.kind == "call_tir", node.view
+        # ``op_work`` entries, outside a prologue and in one.
+        self.work = tuple((self.contraction, node.flops, self.elems, p, node.math)
+                          for p in (False, True))
 
 
 def _facts(graph: OpGraph) -> dict[str, _NodeFacts]:
@@ -256,94 +281,109 @@ def _facts(graph: OpGraph) -> dict[str, _NodeFacts]:
     return table
 
 
+def _index(f: _NodeFacts) -> int:
+    return f.index
+
+
+def _prologue(facts: dict[str, _NodeFacts], member, contractions: list) -> list[_NodeFacts]:
+    """Members feeding a contraction inside the group, found backwards from it, in binding
+    order (``recompute_flops`` is a float sum over them)."""
+    found: dict[str, _NodeFacts] = {}
+    stack = list(contractions)
+    while stack:
+        for p in stack.pop().producers:
+            if p in member and p not in found and not facts[p].contraction:
+                found[p] = facts[p]
+                stack.append(facts[p])
+    return sorted(found.values(), key=_index)
+
+
 def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
-    """Features of fusing ``members`` (names of OpGraph nodes) into one kernel."""
+    """Features of fusing ``members`` (names of OpGraph nodes) into one kernel.
+
+    One pass over the members in binding order (producers before consumers, so chain depth
+    and what lies downstream of a reduction are known when a member is reached); float sums
+    run in binding order so that a group's features do not depend on how it was named.
+    """
     facts = _facts(graph)
-    names = sorted(set(members), key=lambda n: facts[n].index)
-    member = set(names)
-    group = [facts[n] for n in names]
-    nodes = [f.node for f in group]
-    classes = {n: f.cls for n, f in zip(names, group, strict=True)}
+    member = members if isinstance(members, (set, frozenset)) else set(members)
+    group = sorted([facts[n] for n in member], key=_index)
 
     ext_in: dict[str, int] = {}
-    for f in group:
-        for src, size in f.inputs:
-            if src not in member:
-                ext_in.setdefault(src, size)
-    outputs, internal = [], []
-    for f in group:
-        escapes = f.escapes_block or any(r not in member for r in f.consumers)
-        (outputs if escapes else internal).append(f)
-
+    outputs: list[_NodeFacts] = []
+    contractions: list[_NodeFacts] = []
     depth: dict[str, int] = {}
-    for name, f in zip(names, group, strict=True):
-        depth[name] = 1 + max((depth[p] for p in f.producers if p in member), default=0)
+    after_reduction: set[str] = set()
+    shared_reads: dict[str, int] = {}
+    internal_bytes = multi_use = reductions = windows = moves = moves_after = tuple_extra = 0
+    for f in group:
+        name = f.name
+        for src, size in f.inputs:
+            if src not in member and src not in ext_in:
+                ext_in[src] = size
+        inside = sum(map(member.__contains__, f.consumers))
+        if f.escapes_block or inside < len(f.consumers):
+            outputs.append(f)
+        else:
+            internal_bytes += f.written
+            multi_use += inside > 1
+        producers = f.producers
+        depth[name] = 1 + max([depth.get(p, 0) for p in producers], default=0)
+        if f.reduction:
+            reductions += 1
+            windows += f.window
+            after_reduction.add(name)
+            for src in f.reads:
+                shared_reads[src] = shared_reads.get(src, 0) + 1
+        elif producers and not after_reduction.isdisjoint(producers):
+            after_reduction.add(name)
+        if f.contraction:
+            contractions.append(f)
+        moves += f.is_move
+        moves_after += f.move_reorders and name in after_reduction
+        tuple_extra += f.tuple_extra
 
-    # Members feeding a contraction inside the group (a prologue), found backwards from it.
-    prologue: set[str] = set()
-    stack = [n for n in names if classes[n] == "contraction"]
-    while stack:
-        for p in facts[stack.pop()].producers:
-            if p in member and p not in prologue and classes[p] != "contraction":
-                prologue.add(p)
-                stack.append(p)
+    prologue = _prologue(facts, member, contractions) if contractions else []
+    in_prologue = {p.name for p in prologue}
     # Inlining an elementwise producer into a contraction would recompute it once per use of
     # each of its elements (N times for the A operand of an M x K x N matmul).
     recompute = 0.0
-    for name in sorted(prologue, key=lambda n: facts[n].index):  # a float sum: fixed order
-        f = facts[name]
-        uses = sum(graph[r].flops / 2 / max(1, f.elems)
-                   for r in f.consumers if classes.get(r) == "contraction")
-        recompute += f.node.flops * max(0.0, uses - 1)
+    for f in prologue:
+        uses = sum(facts[r].flops / 2 / max(1, f.elems) for r in f.consumers
+                   if r in member and facts[r].contraction)
+        recompute += f.flops * max(0.0, uses - 1)
     # Data movement (transpose, reshape, split: injective, no arithmetic) after the contraction;
     # batch_norm is injective too (it returns a tuple) but computes, and inlines like an
     # elementwise epilogue.
-    reshaping = sum(1 for n, f in zip(names, group, strict=True)
-                    if f.is_move and n not in prologue)
-
-    shared_reads: dict[str, int] = {}
-    for f in group:
-        if f.cls == "reduction":
-            for src in f.node.inputs:
-                shared_reads[src] = shared_reads.get(src, 0) + 1
-    multi_use = sum(1 for f in internal if sum(r in member for r in f.consumers) > 1)
-    dtype = next((t.dtype for n in nodes for t in n.outputs), "float32")
-    # Data movement that reorders elements (a transpose, not a reshape) downstream of a
-    # reduction inside the group: a transposed norm output.
-    after_reduction: set[str] = set()
-    for name, f in zip(names, group, strict=True):
-        if f.cls == "reduction" or any(p in after_reduction for p in f.producers):
-            after_reduction.add(name)
-    moves_after = sum(1 for n, f in zip(names, group, strict=True)
-                      if n in after_reduction and f.is_move and not f.node.reshape_like)
-    calls = [f for f in group if f.node.kind == "call_tir"]
+    reshaping = moves - sum(p.is_move for p in prologue) if contractions else 0
+    calls = [f for f in group if f.is_call]
+    dtype = next((f.dtype for f in group if f.dtype is not None), "float32")
+    written_out = [f.written for f in outputs]
     return GroupFeatures(
         n_ops=len(calls),
-        n_contractions=sum(1 for c in classes.values() if c == "contraction"),
-        n_reductions=sum(1 for c in classes.values() if c == "reduction"),
-        flops=sum(n.flops for n in nodes),
-        contraction_flops=sum(f.node.flops for f in group if f.cls == "contraction"),
+        n_contractions=len(contractions),
+        n_reductions=reductions,
+        flops=sum([f.flops for f in group]),
+        contraction_flops=sum([f.flops for f in contractions]),
         recompute_flops=recompute,
         bytes_in=sum(ext_in.values()),
-        bytes_out=sum(f.node.bytes_written for f in outputs),
-        bytes_internal=sum(f.node.bytes_written for f in internal),
+        bytes_out=sum(written_out),
+        bytes_internal=internal_bytes,
         chain_length=max(depth.values(), default=0),
-        out_elems=max((f.elems for f in outputs), default=0),
+        out_elems=max([f.elems for f in outputs], default=0),
         n_args=len(ext_in) + len(outputs),
         live_values=len(ext_in) + multi_use,
         accumulators=max(shared_reads.values(), default=0),
         dtype_bytes=_itemsize(dtype),
         prologue_ops=len(prologue),
-        boundary_sizes=tuple(ext_in.values()) + tuple(f.node.bytes_written for f in outputs),
-        tuple_items=sum(max(0, f.gets - 1) for n, f in zip(names, group, strict=True)
-                        if n not in prologue and len(f.node.outputs) > 1),
-        prologue_compute=sum(1 for p in prologue if classes[p] != "injective"),
-        op_work=tuple((f.cls == "contraction", f.node.flops, f.elems, f.node.name in prologue,
-                       f.node.math) for f in calls),
-        window_reductions=sum(1 for f in group if f.window),
-        math=sum(n.math for n in nodes),
-        reshaping_ops=reshaping if any(c == "contraction" for c in classes.values()) else 0,
+        boundary_sizes=(*ext_in.values(), *written_out),
+        tuple_items=tuple_extra - sum(p.tuple_extra for p in prologue),
+        prologue_compute=sum(p.computes for p in prologue),
+        op_work=tuple([f.work[f.name in in_prologue] for f in calls]),
+        window_reductions=windows,
+        math=sum([f.math for f in group]),
+        reshaping_ops=reshaping,
         n_outputs=len(outputs),
         moves_after_reduction=moves_after,
-        view_ops=sum(1 for f in calls if f.node.view),
+        view_ops=sum(f.view for f in calls),
     )
