@@ -1,8 +1,10 @@
-"""``group_features`` is written for speed (one pass, per-node facts computed once per graph);
+"""``group_features`` (``cost/extract.py``) is written for speed (one pass, per-node facts computed once per graph);
 here it must equal the straightforward computation, feature by feature and bit for bit, on
 every group the planner prices and on arbitrary member sets (convex or not)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from conftest import prepared
@@ -10,14 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy, planner
-from tvm_costfuse.cost.features import (
-    GroupFeatures,
-    _elems,
-    _is_window,
-    _itemsize,
-    group_features,
-    op_class,
-)
+from tvm_costfuse.cost.extract import group_features
+from tvm_costfuse.cost.features import GroupFeatures, _elems, _is_window, _itemsize, op_class
 from tvm_costfuse.targets import preset
 from tvm_costfuse.testing import branchy_dag, random_dag
 
@@ -119,7 +115,9 @@ def _priced_groups(monkeypatch, graph, target: str) -> list[frozenset]:
 
 
 def _assert_equal(graph, groups) -> None:
-    wrong = [sorted(g) for g in groups if group_features(graph, g) != reference_features(graph, g)]
+    names = [f.name for f in dataclasses.fields(GroupFeatures)]
+    wrong = [sorted(g) for g in groups if group_features(graph, g) != reference_features(graph, g)
+             or any(n not in vars(group_features(graph, g)) for n in names)]  # no default
     assert not wrong, wrong[:3]
 
 

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .cost.analytical import Estimate, estimate
-from .cost.features import GroupFeatures, group_features
+from .cost.extract import group_features
+from .cost.features import GroupFeatures
 from .graph import OpGraph
 from .legality import Verdict, can_fuse
 from .quotient import Quotient

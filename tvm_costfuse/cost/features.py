@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from ..graph import Node, OpGraph, OpPattern
+from ..graph import Node, OpPattern
 from ..schedules.classes import ScheduleClass as SC
 
 _log = logging.getLogger(__name__)
@@ -142,7 +141,7 @@ class GroupFeatures:
                 values[f.name] = (float if f.type in ("float", float) else int)(by_name[f.name])
         return cls(**values)
 
-    @property
+    @functools.cached_property  # asked several times per estimate; fields never change
     def schedule(self) -> SC:
         """Which schedule class the group lands in (CPU rules and dlight alike): one
         contraction with spatial producers/epilogue, reductions with epilogues, elementwise,
@@ -211,179 +210,3 @@ class GroupFeatures:
 _NOT_LEARNED = ("boundary_sizes", "tuple_items", "prologue_compute",
                 "n_outputs", "moves_after_reduction", "view_ops", "op_work")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)
-
-
-def _is_move(node, cls: str) -> bool:
-    """Data movement: an injective call_tir without arithmetic (transpose, reshape, split)."""
-    return cls == "injective" and node.kind == "call_tir" and not node.flops
-
-
-class _NodeFacts:
-    """What ``group_features`` reads of one node, computed once per graph: the planner asks
-    about tens of thousands of groups of one graph, most of a few ops, so per call only the
-    group-dependent work is left and each fact is one attribute read."""
-
-    __slots__ = (
-        "computes",
-        "consumers",
-        "contraction",
-        "dtype",
-        "elems",
-        "escapes_block",
-        "flops",
-        "index",
-        "inputs",
-        "is_call",
-        "is_move",
-        "math",
-        "move_reorders",
-        "name",
-        "node",
-        "producers",
-        "reads",
-        "reduction",
-        "tuple_extra",
-        "view",
-        "window",
-        "work",
-        "written",
-    )
-
-    def __init__(self, graph: OpGraph, node) -> None:
-        cls = op_class(node)
-        self.node, self.name, self.index = node, node.name, node.index
-        self.contraction, self.reduction = cls == "contraction", cls == "reduction"
-        self.computes = cls != "injective"
-        self.inputs = tuple(zip(node.inputs, node.input_bytes, strict=True))
-        self.reads = node.inputs if self.reduction else ()  # counted by ``accumulators``
-        self.producers = graph.producers(node.name)
-        self.consumers = graph.consumers.get(node.name, ())
-        self.escapes_block = node.name in graph.block_outputs
-        self.is_move = _is_move(node, cls)
-        self.move_reorders = self.is_move and not node.reshape_like
-        self.elems = _elems(node)
-        self.window = self.reduction and _is_window(node)
-        gets = sum(graph[r].kind == "tuple_get_item" for r in self.consumers)
-        self.tuple_extra = max(0, gets - 1) if len(node.outputs) > 1 else 0
-        self.flops, self.math, self.written = node.flops, node.math, node.bytes_written
-        self.dtype = node.outputs[0].dtype if node.outputs else None
-        self.is_call, self.view = node.kind == "call_tir", node.view
-        # ``op_work`` entries, outside a prologue and in one.
-        self.work = tuple((self.contraction, node.flops, self.elems, p, node.math)
-                          for p in (False, True))
-
-
-def _facts(graph: OpGraph) -> dict[str, _NodeFacts]:
-    table = graph.__dict__.get("_feature_facts")
-    if table is None:
-        table = {n.name: _NodeFacts(graph, n) for n in graph.nodes}
-        object.__setattr__(graph, "_feature_facts", table)  # OpGraph is frozen: a cache only
-    return table
-
-
-def _index(f: _NodeFacts) -> int:
-    return f.index
-
-
-def _prologue(facts: dict[str, _NodeFacts], member, contractions: list) -> list[_NodeFacts]:
-    """Members feeding a contraction inside the group, found backwards from it, in binding
-    order (``recompute_flops`` is a float sum over them)."""
-    found: dict[str, _NodeFacts] = {}
-    stack = list(contractions)
-    while stack:
-        for p in stack.pop().producers:
-            if p in member and p not in found and not facts[p].contraction:
-                found[p] = facts[p]
-                stack.append(facts[p])
-    return sorted(found.values(), key=_index)
-
-
-def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
-    """Features of fusing ``members`` (names of OpGraph nodes) into one kernel.
-
-    One pass over the members in binding order (producers before consumers, so chain depth
-    and what lies downstream of a reduction are known when a member is reached); float sums
-    run in binding order so that a group's features do not depend on how it was named.
-    """
-    facts = _facts(graph)
-    member = members if isinstance(members, (set, frozenset)) else set(members)
-    group = sorted([facts[n] for n in member], key=_index)
-
-    ext_in: dict[str, int] = {}
-    outputs: list[_NodeFacts] = []
-    contractions: list[_NodeFacts] = []
-    depth: dict[str, int] = {}
-    after_reduction: set[str] = set()
-    shared_reads: dict[str, int] = {}
-    internal_bytes = multi_use = reductions = windows = moves = moves_after = tuple_extra = 0
-    for f in group:
-        name = f.name
-        for src, size in f.inputs:
-            if src not in member and src not in ext_in:
-                ext_in[src] = size
-        inside = sum(map(member.__contains__, f.consumers))
-        if f.escapes_block or inside < len(f.consumers):
-            outputs.append(f)
-        else:
-            internal_bytes += f.written
-            multi_use += inside > 1
-        producers = f.producers
-        depth[name] = 1 + max([depth.get(p, 0) for p in producers], default=0)
-        if f.reduction:
-            reductions += 1
-            windows += f.window
-            after_reduction.add(name)
-            for src in f.reads:
-                shared_reads[src] = shared_reads.get(src, 0) + 1
-        elif producers and not after_reduction.isdisjoint(producers):
-            after_reduction.add(name)
-        if f.contraction:
-            contractions.append(f)
-        moves += f.is_move
-        moves_after += f.move_reorders and name in after_reduction
-        tuple_extra += f.tuple_extra
-
-    prologue = _prologue(facts, member, contractions) if contractions else []
-    in_prologue = {p.name for p in prologue}
-    # Inlining an elementwise producer into a contraction would recompute it once per use of
-    # each of its elements (N times for the A operand of an M x K x N matmul).
-    recompute = 0.0
-    for f in prologue:
-        uses = sum(facts[r].flops / 2 / max(1, f.elems) for r in f.consumers
-                   if r in member and facts[r].contraction)
-        recompute += f.flops * max(0.0, uses - 1)
-    # Data movement (transpose, reshape, split: injective, no arithmetic) after the contraction;
-    # batch_norm is injective too (it returns a tuple) but computes, and inlines like an
-    # elementwise epilogue.
-    reshaping = moves - sum(p.is_move for p in prologue) if contractions else 0
-    calls = [f for f in group if f.is_call]
-    dtype = next((f.dtype for f in group if f.dtype is not None), "float32")
-    written_out = [f.written for f in outputs]
-    return GroupFeatures(
-        n_ops=len(calls),
-        n_contractions=len(contractions),
-        n_reductions=reductions,
-        flops=sum([f.flops for f in group]),
-        contraction_flops=sum([f.flops for f in contractions]),
-        recompute_flops=recompute,
-        bytes_in=sum(ext_in.values()),
-        bytes_out=sum(written_out),
-        bytes_internal=internal_bytes,
-        chain_length=max(depth.values(), default=0),
-        out_elems=max([f.elems for f in outputs], default=0),
-        n_args=len(ext_in) + len(outputs),
-        live_values=len(ext_in) + multi_use,
-        accumulators=max(shared_reads.values(), default=0),
-        dtype_bytes=_itemsize(dtype),
-        prologue_ops=len(prologue),
-        boundary_sizes=(*ext_in.values(), *written_out),
-        tuple_items=tuple_extra - sum(p.tuple_extra for p in prologue),
-        prologue_compute=sum(p.computes for p in prologue),
-        op_work=tuple([f.work[f.name in in_prologue] for f in calls]),
-        window_reductions=windows,
-        math=sum([f.math for f in group]),
-        reshaping_ops=reshaping,
-        n_outputs=len(outputs),
-        moves_after_reduction=moves_after,
-        view_ops=sum(f.view for f in calls),
-    )
