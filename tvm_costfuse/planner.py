@@ -176,7 +176,7 @@ def plan_greedy(
     seen_pairs: set = set()
     while heap:
         neg_gain, _, _, kind, a, b, ua, ub = heapq.heappop(heap)
-        if q.members.get(a) != ua or q.members.get(b) != ub:
+        if q.members.get(a) is not ua or q.members.get(b) is not ub:
             continue  # stale: one side was merged since
         if (ua, ub) in seen_pairs:
             continue

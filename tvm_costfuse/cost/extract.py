@@ -28,7 +28,6 @@ class _NodeFacts:
         "computes",
         "consumers",
         "contraction",
-        "dtype",
         "elems",
         "escapes_block",
         "flops",
@@ -36,6 +35,7 @@ class _NodeFacts:
         "inputs",
         "is_call",
         "is_move",
+        "itemsize",
         "math",
         "move_reorders",
         "moves_or_splits",
@@ -71,7 +71,7 @@ class _NodeFacts:
         self.tuple_extra = max(0, gets - 1) if len(node.outputs) > 1 else 0
         self.moves_or_splits = self.is_move or self.tuple_extra > 0
         self.flops, self.math, self.written = node.flops, node.math, node.bytes_written
-        self.dtype = node.outputs[0].dtype if node.outputs else None
+        self.itemsize = _itemsize(node.outputs[0].dtype) if node.outputs else None
         self.is_call, self.view = node.kind == "call_tir", node.view
         # ``op_work`` entries, outside a prologue and in one.
         self.work = tuple((self.contraction, node.flops, self.elems, p, node.math)
@@ -133,6 +133,7 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
     shared_reads: dict[str, int] = {}
     inside_of, depth_of = member.__contains__, depth.get
     internal_bytes = multi_use = reductions = windows = moves = moves_after = tuple_extra = 0
+    bytes_out = out_elems = chain = views = 0
     for f in group:
         name = f.name
         for src, size in f.inputs:
@@ -141,11 +142,14 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         inside = sum(map(inside_of, f.consumers))
         if f.escapes_block or inside < f.n_consumers:
             outputs.append(f)
+            bytes_out += f.written
+            out_elems = max(out_elems, f.elems)
         else:
             internal_bytes += f.written
             multi_use += inside > 1
         producers = f.producers
-        depth[name] = 1 + max(map(depth_of, producers, _ZEROS), default=0)
+        d = depth[name] = 1 + max(map(depth_of, producers, _ZEROS), default=0)
+        chain = max(chain, d)
         if f.reduction:
             reductions += 1
             windows += f.window
@@ -156,6 +160,7 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
             after_reduction.add(name)
         if f.contraction:
             contractions.append(f)
+        views += f.view
         if f.moves_or_splits:
             moves += f.is_move
             moves_after += f.move_reorders and name in after_reduction
@@ -181,33 +186,33 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         uses = sum(facts[r].flops / 2 / max(1, f.elems) for r in f.consumers
                    if r in member and facts[r].contraction)
         recompute += f.flops * max(0.0, uses - 1)
-    dtype = group[0].dtype or next((f.dtype for f in group if f.dtype is not None), "float32")
-    written_out = [f.written for f in outputs]
+    itemsize = group[0].itemsize or next(
+        (f.itemsize for f in group if f.itemsize), _itemsize("float32"))
     return _built({
         "n_ops": len(calls),
         "n_contractions": len(contractions),
         "n_reductions": reductions,
         "flops": sum([f.flops for f in group]),
-        "contraction_flops": sum([f.flops for f in contractions]),
+        "contraction_flops": sum([f.flops for f in contractions]) if contractions else 0,
         "recompute_flops": recompute,
         "bytes_in": sum(ext_in.values()),
-        "bytes_out": sum(written_out),
+        "bytes_out": bytes_out,
         "bytes_internal": internal_bytes,
-        "chain_length": max(depth.values(), default=0),
-        "out_elems": max([f.elems for f in outputs], default=0),
+        "chain_length": chain,
+        "out_elems": out_elems,
         "n_args": len(ext_in) + len(outputs),
         "live_values": len(ext_in) + multi_use,
-        "accumulators": max(shared_reads.values(), default=0),
-        "dtype_bytes": _itemsize(dtype),
+        "accumulators": max(shared_reads.values()) if shared_reads else 0,
+        "dtype_bytes": itemsize,
         "prologue_ops": len(prologue),
-        "boundary_sizes": (*ext_in.values(), *written_out),
+        "boundary_sizes": (*ext_in.values(), *[f.written for f in outputs]),
         "tuple_items": tuple_extra,
-        "prologue_compute": sum([p.computes for p in prologue]),
+        "prologue_compute": sum([p.computes for p in prologue]) if prologue else 0,
         "op_work": op_work,
         "window_reductions": windows,
         "math": sum([f.math for f in group]),
         "reshaping_ops": reshaping,
         "n_outputs": len(outputs),
         "moves_after_reduction": moves_after,
-        "view_ops": sum([f.view for f in calls]),
+        "view_ops": views,
     })
