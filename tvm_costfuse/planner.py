@@ -11,8 +11,10 @@ deterministic: ties break on binding order.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -27,6 +29,9 @@ from .quotient import Quotient
 _MAX_SIBLINGS = 8
 
 Model = Callable[..., Estimate]
+# A GroupFeatures' fields as one tuple, hashed and compared in C (the dataclass's own
+# __hash__ and __eq__ build that tuple in Python on every lookup).
+_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(GroupFeatures)))
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,7 @@ class _Pricer:
         self.model = model or estimate
         self.features: dict[frozenset, GroupFeatures] = {}
         self.estimates: dict[frozenset, Estimate] = {}
-        self.by_features: dict[GroupFeatures, Estimate] | None = (
-            {} if self.model is estimate else None)
+        self.by_features: dict[tuple, Estimate] | None = {} if self.model is estimate else None
         self.verdicts: dict[frozenset, Verdict] = {}
 
     def estimate(self, members: frozenset) -> Estimate:
@@ -83,11 +87,12 @@ class _Pricer:
         if est is None:
             f = self.features[members] = group_features(self.graph, members)
             memo = self.by_features
-            est = memo.get(f) if memo is not None else None
+            key = _FIELDS(f) if memo is not None else None  # what GroupFeatures' == compares
+            est = memo.get(key) if memo is not None else None
             if est is None:
                 est = self.model(f, self.target, self.config.register_budget)
                 if memo is not None:
-                    memo[f] = est
+                    memo[key] = est
             self.estimates[members] = est
         return est
 
