@@ -1,5 +1,6 @@
 """Planning cost: seconds to plan elementwise chains and random DAGs of 1k, 5k and 10k ops
-(greedy, analytical model), and FuseOps' time on a Relax chain of the same length.
+(greedy, analytical model), and FuseOps' time on a Relax chain of the same length. ``cpu s``
+is the planner's process time: on a shared host it moves less than the wall clock.
 
     python scripts/planner_speed.py [--sizes 1000 5000 10000] [--no-fuseops]
 """
@@ -46,15 +47,15 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000, 10000])
     parser.add_argument("--no-fuseops", action="store_true")
     args = parser.parse_args()
-    print(f"{'graph':<12} {'target':<5} {'ops':>6} {'kernels':>7} {'plan s':>7}")
+    print(f"{'graph':<12} {'target':<5} {'ops':>6} {'kernels':>7} {'plan s':>7} {'cpu s':>7}")
     for n in args.sizes:
         for kind, graph in (("chain", chain(n)), ("random_dag", random_dag(n, seed=1))):
             for target in ("host", "h100"):
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 plan = plan_greedy(graph, preset(target), FusionConfig())
-                elapsed = time.perf_counter() - start
-                print(f"{kind:<12} {target:<5} {n:>6} {plan.kernels():>7} {elapsed:>7.2f}",
-                      flush=True)
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+                print(f"{kind:<12} {target:<5} {n:>6} {plan.kernels():>7} {elapsed:>7.2f} "
+                      f"{cpu:>7.2f}", flush=True)
         if not args.no_fuseops:
             print(f"{'chain':<12} {'FuseOps':<5} {n:>6} {'':>7} {fuseops_seconds(n):>7.2f}",
                   flush=True)

@@ -8,7 +8,8 @@ import dataclasses
 from conftest import prepared
 
 from tvm_costfuse.cost.analytical import estimate, launch_seconds
-from tvm_costfuse.cost.features import GroupFeatures, group_features
+from tvm_costfuse.cost.extract import group_features
+from tvm_costfuse.cost.features import GroupFeatures
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.targets import host, preset
 from tvm_costfuse.tuning.database import GroupDatabase

@@ -8,7 +8,7 @@ from conftest import prepared, reference
 
 from tvm_costfuse.config import FusionConfig
 from tvm_costfuse.cost.analytical import estimate
-from tvm_costfuse.cost.features import group_features
+from tvm_costfuse.cost.extract import group_features
 from tvm_costfuse.cost.measured import MeasuredModel, load_measured
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measurement.timing import assert_close

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from tvm_costfuse import FusionConfig, build_graph, plan_exact, plan_greedy
 from tvm_costfuse.cost import group_features
 from tvm_costfuse.graph import OpGraph, OpPattern
-from tvm_costfuse.planner import _Quotient, initial_units, plan_cost
+from tvm_costfuse.planner import initial_units, plan_cost
+from tvm_costfuse.quotient import Quotient
 from tvm_costfuse.targets import preset
 from tvm_costfuse.testing import branchy_dag, make_graph, op, random_dag
 
@@ -132,7 +133,7 @@ def test_exact_on_a_big_graph_searches_regions_and_never_loses_to_greedy(seed: i
     assert "exact search per region" in exact.notes[0] and "greedy elsewhere" in exact.notes[0]
     members = [n for g in exact.estimates for n in g]
     assert len(members) == len(set(members))  # a partition
-    assert _Quotient(graph, [frozenset(g) for g in exact.estimates]).is_acyclic()
+    assert Quotient(graph, [frozenset(g) for g in exact.estimates]).is_acyclic()
 
 
 def test_exact_on_a_small_graph_is_one_region_without_a_note() -> None:
@@ -242,7 +243,7 @@ def test_group_zero_is_a_blocker_too() -> None:
         op(1, "m", OpPattern.ELEMWISE, ["a"]),
         op(2, "b", OpPattern.BROADCAST, ["a", "m"]),
     ])
-    q = _Quotient(graph, [frozenset({"m"}), frozenset({"a"}), frozenset({"b"})])
+    q = Quotient(graph, [frozenset({"m"}), frozenset({"a"}), frozenset({"b"})])
     assert q.blocker(1, 2) == 0 and q.blocker(2, 1) == 0
 
 

@@ -17,7 +17,7 @@ from conftest import prepared
 
 from tvm_costfuse import build_graph, fuseops_groups
 from tvm_costfuse.cost.analytical import registers as predicted_registers
-from tvm_costfuse.cost.features import group_features
+from tvm_costfuse.cost.extract import group_features
 from tvm_costfuse.measurement import registers
 from tvm_costfuse.planner import initial_units
 from tvm_costfuse.targets import preset

@@ -49,9 +49,10 @@ def can_fuse(graph: OpGraph, members: Iterable[str], f: GroupFeatures, config, t
     ``register_budget`` (a ``FusionConfig``).
     """
     members = list(members)
-    for name in members:
-        if not graph[name].fusable:
-            return Verdict(False, f"{name!r} cannot be fused: {graph[name].why_not_fusable}")
+    unfusable = [graph[n] for n in members if not graph[n].fusable]
+    if unfusable:  # the first in binding order, whatever order a set of names came in
+        node = min(unfusable, key=lambda n: n.index)
+        return Verdict(False, f"{node.name!r} cannot be fused: {node.why_not_fusable}")
     if len({graph[n].block for n in members}) > 1:
         return Verdict(False, "the bindings sit in different dataflow blocks")
     caps = within_caps(f.n_ops, f.chain_length, config, f.n_args)

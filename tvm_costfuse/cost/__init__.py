@@ -1,8 +1,9 @@
-"""Cost models: ``features`` describes a candidate group as plain numbers, ``analytical``
-prices it from first principles; the learned model reads the same features (its files on
+"""Cost models: ``features`` describes a candidate group as plain numbers (``extract``
+computes them from the OpGraph), ``analytical`` prices it from first principles; the learned model reads the same features (its files on
 disk: ``learned_files``)."""
 
 from .analytical import Estimate, estimate
-from .features import FEATURE_NAMES, GroupFeatures, group_features, op_class
+from .extract import group_features
+from .features import FEATURE_NAMES, GroupFeatures, op_class
 
 __all__ = ["FEATURE_NAMES", "Estimate", "GroupFeatures", "estimate", "group_features", "op_class"]

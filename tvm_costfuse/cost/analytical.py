@@ -66,7 +66,7 @@ class Estimate:
     confidence: float = 0.5
 
     def __add__(self, other: Estimate) -> Estimate:
-        keys = set(self.breakdown) | set(other.breakdown)
+        keys = dict.fromkeys([*self.breakdown, *other.breakdown])  # ordered, unlike a set
         return Estimate(
             self.seconds + other.seconds,
             {k: self.breakdown.get(k, 0.0) + other.breakdown.get(k, 0.0) for k in keys},
@@ -100,15 +100,18 @@ def last_level_cache(target) -> tuple[int, float]:
     return size, bw or target.dram_bw * _LLC_OVER_DRAM
 
 
-def _parallel_efficiency(elems: int, dtype_bytes: int, target) -> float:
-    """Share of the machine a loop over ``elems`` outputs keeps busy."""
+def _full_parallelism(dtype_bytes: int, target) -> int:
+    """Output elements that keep the whole machine busy."""
     if target.kind == "cuda":
         # Enough threads to fill every SM at half occupancy; fewer leave SMs idle.
-        full = target.sm_count * target.max_threads_per_sm // 2
-    else:
-        lanes = max(1, target.vector_bits // (8 * dtype_bytes))
-        full = target.cores * lanes * 4  # 4 vectors per core keep the FMA pipes busy
-    return min(1.0, max(elems, 1) / full)
+        return target.sm_count * target.max_threads_per_sm // 2
+    lanes = max(1, target.vector_bits // (8 * dtype_bytes))
+    return target.cores * lanes * 4  # 4 vectors per core keep the FMA pipes busy
+
+
+def _parallel_efficiency(elems: int, dtype_bytes: int, target) -> float:
+    """Share of the machine a loop over ``elems`` outputs keeps busy."""
+    return min(1.0, max(elems, 1) / _full_parallelism(dtype_bytes, target))
 
 
 def _work(f: GroupFeatures) -> tuple[tuple, ...]:
@@ -179,12 +182,14 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     # own elementwise loop nest (old rows have no prologue flag: 3-tuples).
     stream_eff = _EFF[kind][SC.ELEMENTWISE] if schedule == SC.CONTRACTION_STREAM else eff
     math_seconds = _MATH_CORE_SECONDS[kind] / max(1, target.cores)
-    compute = sum(
-        (w[1] / (contraction_rate if w[0] else peak * (stream_eff if w[3:4] == (True,) else eff))
+    full = _full_parallelism(f.dtype_bytes, target)
+    stream_rate, rate = peak * stream_eff, peak * eff
+    compute = sum([
+        (w[1] / (contraction_rate if w[0] else stream_rate if w[3:4] == (True,) else rate)
          + (w[4] if len(w) > 4 else 0.0) * math_seconds)
-        / _parallel_efficiency(w[2], f.dtype_bytes, target)
+        / min(1.0, max(w[2], 1) / full)
         for w in _work(f)
-    )
+    ])
     if schedule != SC.CONTRACTION_STREAM:  # a packed prologue is computed once, not per use
         compute += f.recompute_flops / (peak * eff) / _parallel_efficiency(
             f.out_elems, f.dtype_bytes, target)

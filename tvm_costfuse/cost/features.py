@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from ..graph import Node, OpGraph, OpPattern
+from ..graph import Node, OpPattern
 from ..schedules.classes import ScheduleClass as SC
 
 _log = logging.getLogger(__name__)
@@ -142,7 +141,7 @@ class GroupFeatures:
                 values[f.name] = (float if f.type in ("float", float) else int)(by_name[f.name])
         return cls(**values)
 
-    @property
+    @functools.cached_property  # asked several times per estimate; fields never change
     def schedule(self) -> SC:
         """Which schedule class the group lands in (CPU rules and dlight alike): one
         contraction with spatial producers/epilogue, reductions with epilogues, elementwise,
@@ -211,139 +210,3 @@ class GroupFeatures:
 _NOT_LEARNED = ("boundary_sizes", "tuple_items", "prologue_compute",
                 "n_outputs", "moves_after_reduction", "view_ops", "op_work")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)
-
-
-def _is_move(node, classes) -> bool:
-    """Data movement: an injective call_tir without arithmetic (transpose, reshape, split)."""
-    return classes[node.name] == "injective" and node.kind == "call_tir" and not node.flops
-
-
-class _NodeFacts:
-    """What ``group_features`` reads of one node, computed once per graph (the planner asks
-    about thousands of groups of one graph; per call only the group-dependent work is left)."""
-
-    __slots__ = (
-        "cls",
-        "consumers",
-        "elems",
-        "escapes_block",
-        "gets",
-        "index",
-        "inputs",
-        "is_move",
-        "node",
-        "producers",
-        "window",
-    )
-
-    def __init__(self, graph: OpGraph, node) -> None:
-        self.node, self.index, self.cls = node, node.index, op_class(node)
-        self.inputs = tuple(zip(node.inputs, node.input_bytes, strict=True))
-        self.producers = graph.producers(node.name)
-        self.consumers = graph.consumers.get(node.name, ())
-        self.escapes_block = node.name in graph.block_outputs
-        self.is_move = _is_move(node, {node.name: self.cls})
-        self.elems = _elems(node)
-        self.window = self.cls == "reduction" and _is_window(node)
-        self.gets = sum(graph[r].kind == "tuple_get_item" for r in self.consumers)
-
-
-def _facts(graph: OpGraph) -> dict[str, _NodeFacts]:
-    table = graph.__dict__.get("_feature_facts")
-    if table is None:
-        table = {n.name: _NodeFacts(graph, n) for n in graph.nodes}
-        object.__setattr__(graph, "_feature_facts", table)  # OpGraph is frozen: a cache only
-    return table
-
-
-def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
-    """Features of fusing ``members`` (names of OpGraph nodes) into one kernel."""
-    facts = _facts(graph)
-    names = sorted(set(members), key=lambda n: facts[n].index)
-    member = set(names)
-    group = [facts[n] for n in names]
-    nodes = [f.node for f in group]
-    classes = {n: f.cls for n, f in zip(names, group, strict=True)}
-
-    ext_in: dict[str, int] = {}
-    for f in group:
-        for src, size in f.inputs:
-            if src not in member:
-                ext_in.setdefault(src, size)
-    outputs, internal = [], []
-    for f in group:
-        escapes = f.escapes_block or any(r not in member for r in f.consumers)
-        (outputs if escapes else internal).append(f)
-
-    depth: dict[str, int] = {}
-    for name, f in zip(names, group, strict=True):
-        depth[name] = 1 + max((depth[p] for p in f.producers if p in member), default=0)
-
-    # Members feeding a contraction inside the group (a prologue), found backwards from it.
-    prologue: set[str] = set()
-    stack = [n for n in names if classes[n] == "contraction"]
-    while stack:
-        for p in facts[stack.pop()].producers:
-            if p in member and p not in prologue and classes[p] != "contraction":
-                prologue.add(p)
-                stack.append(p)
-    # Inlining an elementwise producer into a contraction would recompute it once per use of
-    # each of its elements (N times for the A operand of an M x K x N matmul).
-    recompute = 0.0
-    for name in prologue:
-        f = facts[name]
-        uses = sum(graph[r].flops / 2 / max(1, f.elems)
-                   for r in f.consumers if classes.get(r) == "contraction")
-        recompute += f.node.flops * max(0.0, uses - 1)
-    # Data movement (transpose, reshape, split: injective, no arithmetic) after the contraction;
-    # batch_norm is injective too (it returns a tuple) but computes, and inlines like an
-    # elementwise epilogue.
-    reshaping = sum(1 for n, f in zip(names, group, strict=True)
-                    if f.is_move and n not in prologue)
-
-    shared_reads: dict[str, int] = {}
-    for f in group:
-        if f.cls == "reduction":
-            for src in f.node.inputs:
-                shared_reads[src] = shared_reads.get(src, 0) + 1
-    multi_use = sum(1 for f in internal if sum(r in member for r in f.consumers) > 1)
-    dtype = next((t.dtype for n in nodes for t in n.outputs), "float32")
-    # Data movement that reorders elements (a transpose, not a reshape) downstream of a
-    # reduction inside the group: a transposed norm output.
-    after_reduction: set[str] = set()
-    for name, f in zip(names, group, strict=True):
-        if f.cls == "reduction" or any(p in after_reduction for p in f.producers):
-            after_reduction.add(name)
-    moves_after = sum(1 for n, f in zip(names, group, strict=True)
-                      if n in after_reduction and f.is_move and not f.node.reshape_like)
-    calls = [f for f in group if f.node.kind == "call_tir"]
-    return GroupFeatures(
-        n_ops=len(calls),
-        n_contractions=sum(1 for c in classes.values() if c == "contraction"),
-        n_reductions=sum(1 for c in classes.values() if c == "reduction"),
-        flops=sum(n.flops for n in nodes),
-        contraction_flops=sum(f.node.flops for f in group if f.cls == "contraction"),
-        recompute_flops=recompute,
-        bytes_in=sum(ext_in.values()),
-        bytes_out=sum(f.node.bytes_written for f in outputs),
-        bytes_internal=sum(f.node.bytes_written for f in internal),
-        chain_length=max(depth.values(), default=0),
-        out_elems=max((f.elems for f in outputs), default=0),
-        n_args=len(ext_in) + len(outputs),
-        live_values=len(ext_in) + multi_use,
-        accumulators=max(shared_reads.values(), default=0),
-        dtype_bytes=_itemsize(dtype),
-        prologue_ops=len(prologue),
-        boundary_sizes=tuple(ext_in.values()) + tuple(f.node.bytes_written for f in outputs),
-        tuple_items=sum(max(0, f.gets - 1) for n, f in zip(names, group, strict=True)
-                        if n not in prologue and len(f.node.outputs) > 1),
-        prologue_compute=sum(1 for p in prologue if classes[p] != "injective"),
-        op_work=tuple((f.cls == "contraction", f.node.flops, f.elems, f.node.name in prologue,
-                       f.node.math) for f in calls),
-        window_reductions=sum(1 for f in group if f.window),
-        math=sum(n.math for n in nodes),
-        reshaping_ops=reshaping if any(c == "contraction" for c in classes.values()) else 0,
-        n_outputs=len(outputs),
-        moves_after_reduction=moves_after,
-        view_ops=sum(1 for f in calls if f.node.view),
-    )

@@ -30,7 +30,7 @@ import tvm
 from .. import models
 from ..config import FusionConfig, register_config_keys
 from ..cost import learned
-from ..cost.features import group_features
+from ..cost.extract import group_features
 from ..graph import OpGraph, build_graph
 from ..measurement.timing import interleaved_medians, max_mismatch, run
 from ..partition import ApplyPartition, fuseops_groups

@@ -16,7 +16,8 @@ import tvm
 
 from .. import models
 from ..config import FusionConfig, register_config_keys
-from ..cost.features import group_features, op_class
+from ..cost.extract import group_features
+from ..cost.features import op_class
 from ..graph import OpGraph, build_graph
 from ..partition import fuseops_groups, resolve_groups
 from ..pipelines import prepare

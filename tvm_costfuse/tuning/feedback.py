@@ -35,7 +35,8 @@ from tvm import relax
 
 from .. import models
 from ..config import FusionConfig
-from ..cost.features import FEATURE_NAMES, group_features
+from ..cost.extract import group_features
+from ..cost.features import FEATURE_NAMES
 from ..graph import OpGraph, build_graph
 from ..partition import apply_partition
 from ..pipelines import prepare

@@ -1,0 +1,143 @@
+"""``group_features`` (``cost/extract.py``) is written for speed (one pass, per-node facts computed once per graph);
+here it must equal the straightforward computation, feature by feature and bit for bit, on
+every group the planner prices and on arbitrary member sets (convex or not)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import prepared
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tvm_costfuse import FusionConfig, build_graph, plan_greedy, planner
+from tvm_costfuse.cost.extract import group_features
+from tvm_costfuse.cost.features import GroupFeatures, _elems, _is_window, _itemsize, op_class
+from tvm_costfuse.targets import preset
+from tvm_costfuse.testing import branchy_dag, random_dag
+
+
+def reference_features(graph, members) -> GroupFeatures:
+    """Each feature as its definition reads, from the OpGraph alone."""
+    names = sorted(set(members), key=lambda n: graph[n].index)
+    member = set(names)
+    nodes = [graph[n] for n in names]
+    cls = {n: op_class(graph[n]) for n in names}
+    consumers = {n: graph.consumers.get(n, ()) for n in names}
+    ext_in: dict[str, int] = {}
+    for node in nodes:
+        for src, size in zip(node.inputs, node.input_bytes, strict=True):
+            if src not in member:
+                ext_in.setdefault(src, size)
+    outputs = [n for n in nodes
+               if n.name in graph.block_outputs or any(r not in member for r in consumers[n.name])]
+    internal = [n for n in nodes if n not in outputs]
+    depth: dict[str, int] = {}
+    for n in names:
+        depth[n] = 1 + max((depth[p] for p in graph.producers(n) if p in member), default=0)
+    prologue: set[str] = set()
+    stack = [n for n in names if cls[n] == "contraction"]
+    while stack:
+        for p in graph.producers(stack.pop()):
+            if p in member and p not in prologue and cls[p] != "contraction":
+                prologue.add(p)
+                stack.append(p)
+    recompute = 0.0
+    for p in sorted(prologue, key=lambda n: graph[n].index):
+        uses = sum(graph[r].flops / 2 / max(1, _elems(graph[p])) for r in consumers[p]
+                   if cls.get(r) == "contraction")
+        recompute += graph[p].flops * max(0.0, uses - 1)
+
+    def is_move(n):
+        return cls[n.name] == "injective" and n.kind == "call_tir" and not n.flops
+
+    shared: dict[str, int] = {}
+    for n in nodes:
+        if cls[n.name] == "reduction":
+            for src in n.inputs:
+                shared[src] = shared.get(src, 0) + 1
+    after: set[str] = set()
+    for n in names:
+        if cls[n] == "reduction" or any(p in after for p in graph.producers(n)):
+            after.add(n)
+    calls = [n for n in nodes if n.kind == "call_tir"]
+    has_contraction = "contraction" in cls.values()
+    dtype = next((t.dtype for n in nodes for t in n.outputs), "float32")
+    return GroupFeatures(
+        n_ops=len(calls),
+        n_contractions=sum(c == "contraction" for c in cls.values()),
+        n_reductions=sum(c == "reduction" for c in cls.values()),
+        flops=sum(n.flops for n in nodes),
+        contraction_flops=sum(n.flops for n in nodes if cls[n.name] == "contraction"),
+        recompute_flops=recompute,
+        bytes_in=sum(ext_in.values()),
+        bytes_out=sum(n.bytes_written for n in outputs),
+        bytes_internal=sum(n.bytes_written for n in internal),
+        chain_length=max(depth.values(), default=0),
+        out_elems=max((_elems(n) for n in outputs), default=0),
+        n_args=len(ext_in) + len(outputs),
+        live_values=len(ext_in) + sum(
+            1 for n in internal if sum(r in member for r in consumers[n.name]) > 1),
+        accumulators=max(shared.values(), default=0),
+        dtype_bytes=_itemsize(dtype),
+        prologue_ops=len(prologue),
+        boundary_sizes=tuple(ext_in.values()) + tuple(n.bytes_written for n in outputs),
+        tuple_items=sum(max(0, sum(graph[r].kind == "tuple_get_item" for r in consumers[n.name])
+                               - 1)
+                        for n in nodes if n.name not in prologue and len(n.outputs) > 1),
+        prologue_compute=sum(cls[p] != "injective" for p in prologue),
+        op_work=tuple((cls[n.name] == "contraction", n.flops, _elems(n), n.name in prologue,
+                       n.math) for n in calls),
+        window_reductions=sum(cls[n.name] == "reduction" and _is_window(n) for n in nodes),
+        math=sum(n.math for n in nodes),
+        reshaping_ops=sum(is_move(n) and n.name not in prologue for n in nodes)
+        if has_contraction else 0,
+        n_outputs=len(outputs),
+        moves_after_reduction=sum(n.name in after and is_move(n) and not n.reshape_like
+                                  for n in nodes),
+        view_ops=sum(n.view for n in calls),
+    )
+
+
+def _priced_groups(monkeypatch, graph, target: str) -> list[frozenset]:
+    """Every member set the greedy planner prices on ``graph``."""
+    asked: list[frozenset] = []
+
+    def recording(g, members):
+        asked.append(frozenset(members))
+        return group_features(g, members)
+
+    monkeypatch.setattr(planner, "group_features", recording)
+    plan_greedy(graph, preset(target), FusionConfig())
+    monkeypatch.undo()
+    return asked
+
+
+def _assert_equal(graph, groups) -> None:
+    names = [f.name for f in dataclasses.fields(GroupFeatures)]
+    wrong = [sorted(g) for g in groups if group_features(graph, g) != reference_features(graph, g)
+             or any(n not in vars(group_features(graph, g)) for n in names)]  # no default
+    assert not wrong, wrong[:3]
+
+
+@pytest.mark.parametrize("make", [lambda: random_dag(300, seed=1),
+                                  lambda: branchy_dag(120, seed=3)], ids=["random", "branchy"])
+@pytest.mark.parametrize("target", ["h100", "a100"])
+def test_equal_on_every_group_the_planner_prices(monkeypatch, make, target):
+    graph = make()
+    _assert_equal(graph, _priced_groups(monkeypatch, graph, target))
+
+
+@pytest.mark.parametrize("name", ["gpt2_block", "conv_bn_relu", "mobilenetv2", "rmsnorm"])
+def test_equal_on_zoo_groups(monkeypatch, name):
+    # Contractions with prologues, split epilogues, TupleGetItems, reshapes and norms.
+    graph = build_graph(prepared(name)[0])
+    _assert_equal(graph, _priced_groups(monkeypatch, graph, "h100"))
+
+
+@given(st.integers(0, 10_000), st.integers(2, 40), st.data())
+def test_equal_on_arbitrary_member_sets(seed, n, data):
+    graph = branchy_dag(n, seed=seed) if seed % 2 else random_dag(n, seed=seed)
+    picked = data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n))
+    _assert_equal(graph, [frozenset(f"op{i}" for i in picked)])
