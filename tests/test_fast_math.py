@@ -18,10 +18,10 @@ from conftest import reference
 from scipy import special
 from tvm import relax, s_tir, te, tirx
 from tvm.script import relax as R
+from tvm_costfuse.schedules.fast_math import fast_math_pass
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import assert_close, run
-from tvm_costfuse.schedules.fast_math import fast_math_pass
 from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.targets import host_target
 

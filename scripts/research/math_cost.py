@@ -17,9 +17,9 @@ import argparse
 import numpy as np
 from tvm import relax
 from tvm.script import relax as R
+from tvm_costfuse.schedules import schedule_pass
 
 from tvm_costfuse.measurement.timing import build, interleave, vm_sampler
-from tvm_costfuse.schedules import schedule_pass
 from tvm_costfuse.strategies import no_fusion
 from tvm_costfuse.targets import host_target
 
