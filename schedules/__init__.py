@@ -11,6 +11,7 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from .cpu import Contraction, Fallback, RowReduction, rules
+from .fast_math import fast_math_pass
 from .prepack import mark_constant_weights, pack_constants
 
 __all__ = [
@@ -21,16 +22,21 @@ __all__ = [
     "schedule_pass",
 ]
 
-def schedule_pass(target: Target, prepack: bool = True) -> tvm.transform.Pass:
+def schedule_pass(target: Target, prepack: bool = True,
+                  fast_math: bool = True) -> tvm.transform.Pass:
     """``ApplyDefaultSchedule`` with the CPU rules; run it after FuseTIR under ``with target``.
 
     Around it, constant contraction weights are marked and then packed tile-major at compile
     time (``prepack``). The marking comes after any tuned schedules were applied (they match
     their database records by the unmarked PrimFunc) and the rules skip scheduled PrimFuncs.
     ``prepack=False`` leaves every weight in its own layout (``scripts/research/prepack_effect.py``).
+    Last, float32 exp/log/tanh/sigmoid/erf calls in every kernel become vectorizable
+    expressions (``fast_math``; ``fast_math=False`` keeps the scalar libm calls, for
+    comparisons).
     """
-    if not prepack:
-        return dl.ApplyDefaultSchedule(*rules())
-    return tvm.transform.Sequential(
-        [mark_constant_weights, dl.ApplyDefaultSchedule(*rules()), pack_constants],
-        name="CostFuseCPUSchedules")
+    passes = [dl.ApplyDefaultSchedule(*rules())]
+    if prepack:
+        passes = [mark_constant_weights, *passes, pack_constants]
+    if fast_math:
+        passes.append(fast_math_pass)
+    return tvm.transform.Sequential(passes, name="CostFuseCPUSchedules")

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 # Math library calls, weighted by their cost relative to exp. TVM's FLOP estimate counts them
 # as nothing, yet each costs many instructions where an add costs one: without them a sigmoid
-# looked like a copy to the cost models. Over 1M float32 elements on this host (single-op
-# kernels in tuning_logs/llvm-znver4/groups, machine-wide time per call): exp, sigmoid and silu
-# 2.0-2.3 ns, tanh 4.4, log 6.4, cos 6.9, gelu (erf and four multiply-adds) 4.9-7.8; an add
-# kernel's whole time is 0.2 ns per element. sqrt (one instruction) is not priced here, though
-# the inlining rule below still treats it as a call not to repeat.
-MATH_COST = {"exp": 1.0, "exp2": 1.0, "exp10": 1.0, "sigmoid": 1.0, "tanh": 2.0, "sinh": 2.0,
-             "cosh": 2.0, "erf": 3.0, "log": 3.0, "log2": 3.0, "log10": 3.0, "log1p": 3.0,
-             "asinh": 3.0, "acosh": 3.0, "atanh": 3.0, "sin": 3.5, "cos": 3.5, "tan": 3.5,
-             "asin": 3.5, "acos": 3.5, "atan": 3.5, "atan2": 3.5, "pow": 4.0, "fmod": 1.0}
+# looked like a copy to the cost models. exp, log, tanh, sigmoid and erf are vectorized
+# polynomials (``fast_math``); the rest stay scalar libm calls. Measured 2026-12-01 on the
+# emeraldrapids host, 2 threads, load average 5.6 (shared), 1M float32 elements, single-op
+# kernels with our schedules, median machine-wide ns per element
+# (``TVM_COSTFUSE_CALIBRATION=none python scripts/research/math_cost.py --repeat 15``):
+# vectorized exp 0.87, log 0.98, sigmoid 1.11, silu 1.08, tanh 1.33, erf 2.04, gelu 2.26,
+# gelu_tanh 1.81; libm cos 15.7 and exp 5.3 (libm / vector exp: 6.1x); an add kernel's whole
+# time is 0.49. Weights are whole-kernel ratios to exp, as before; the libm calls not measured
+# keep their earlier ratio to libm exp, times 6.1. sqrt (one instruction) is not priced here,
+# though the inlining rule below still treats it as a call not to repeat.
+MATH_COST = {"exp": 1.0, "exp2": 6.0, "exp10": 6.0, "sigmoid": 1.3, "tanh": 1.5, "sinh": 12.0,
+             "cosh": 12.0, "erf": 2.3, "log": 1.1, "log2": 18.0, "log10": 18.0,
+             "log1p": 18.0, "asinh": 18.0, "acosh": 18.0, "atanh": 18.0, "sin": 18.0,
+             "cos": 18.0, "tan": 18.0, "asin": 18.0, "acos": 18.0, "atan": 18.0, "atan2": 18.0,
+             "pow": 24.0, "fmod": 6.0}
 
 # Calls that cost about as much as an add: inlining may repeat them freely. Every other call
 # (exp, erf, tanh, log, sigmoid..., and sqrt, conservatively) is not repeated by inlining.
