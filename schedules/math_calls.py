@@ -26,6 +26,12 @@ MATH_COST = {"exp": 1.0, "exp2": 6.0, "exp10": 6.0, "sigmoid": 1.3, "tanh": 1.5,
              "cos": 18.0, "tan": 18.0, "asin": 18.0, "acos": 18.0, "atan": 18.0, "atan2": 18.0,
              "pow": 24.0, "fmod": 6.0}
 
+# A vectorized call nested in another one (after inlining: ``tanh(log(sigmoid(x)))`` in one
+# fused kernel) keeps its scalar libm call (``fast_math.MAX_NESTED``): it costs the libm / vector
+# ratio measured above. Applied to every nested call, so a nested libm-only call (cos) is
+# priced 6.1x high; no corpus kernel nests those.
+NESTED_CALL_FACTOR = 6.1
+
 # Calls that cost about as much as an add: inlining may repeat them freely. Every other call
 # (exp, erf, tanh, log, sigmoid..., and sqrt, conservatively) is not repeated by inlining.
 CHEAP_CALLS = frozenset(

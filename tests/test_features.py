@@ -145,3 +145,17 @@ def test_math_work_makes_a_cpu_kernel_slower_and_leaves_cuda_as_it_was() -> None
         cos, math=0.0, op_work=tuple((*w[:4], 0.0) for w in cos.op_work))
     assert estimate(cos, HOST).breakdown["compute"] > estimate(no_math, HOST).breakdown["compute"]
     assert estimate(cos, H200).seconds == estimate(no_math, H200).seconds
+
+
+def test_nested_math_calls_are_priced_as_the_libm_calls_they_stay() -> None:
+    """Fused, elementwise_chain's sigmoid -> log -> tanh... nest: only the innermost call is
+    vectorized (``fast_math.MAX_NESTED``), the rest cost NESTED_CALL_FACTOR times more."""
+    from tvm_costfuse.schedules.math_calls import NESTED_CALL_FACTOR
+
+    graph = build_graph(prepared("elementwise_chain")[0])
+    chain = [n.name for n in graph.nodes[:3]]  # sigmoid -> add -> log
+    sigmoid, add, log = (graph[n] for n in chain)
+    assert sigmoid.math and not add.math and log.math
+    for n in (sigmoid, log):
+        assert group_features(graph, [n.name]).math == n.math
+    assert group_features(graph, chain).math == sigmoid.math + NESTED_CALL_FACTOR * log.math

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy, planner
 from tvm_costfuse.cost.extract import group_features
+from tvm_costfuse.schedules.math_calls import NESTED_CALL_FACTOR
 from tvm_costfuse.cost.features import GroupFeatures, _elems, _is_window, _itemsize, op_class
 from tvm_costfuse.targets import preset
 from tvm_costfuse.testing import branchy_dag, random_dag
@@ -61,6 +62,23 @@ def reference_features(graph, members) -> GroupFeatures:
     for n in names:
         if cls[n] == "reduction" or any(p in after for p in graph.producers(n)):
             after.add(n)
+    # A math call whose input, after inlining, holds another math call stays a libm call:
+    # values are inlined through one-consumer elementwise members, not through reductions,
+    # contractions or members read twice inside the group.
+    carries: set[str] = set()
+    nested: set[str] = set()
+    for n in nodes:
+        from_call = any(p in carries for p in graph.producers(n.name) if p in member)
+        if from_call and n.math:
+            nested.add(n.name)
+        inlinable = (cls[n.name] not in ("reduction", "contraction")
+                     and sum(r in member for r in consumers[n.name]) <= 1)
+        if (from_call or n.math) and inlinable:
+            carries.add(n.name)
+
+    def math(n) -> float:
+        return n.math * (NESTED_CALL_FACTOR if n.name in nested else 1.0)
+
     calls = [n for n in nodes if n.kind == "call_tir"]
     has_contraction = "contraction" in cls.values()
     dtype = next((t.dtype for n in nodes for t in n.outputs), "float32")
@@ -88,9 +106,9 @@ def reference_features(graph, members) -> GroupFeatures:
                         for n in nodes if n.name not in prologue and len(n.outputs) > 1),
         prologue_compute=sum(cls[p] != "injective" for p in prologue),
         op_work=tuple((cls[n.name] == "contraction", n.flops, _elems(n), n.name in prologue,
-                       n.math) for n in calls),
+                       math(n)) for n in calls),
         window_reductions=sum(cls[n.name] == "reduction" and _is_window(n) for n in nodes),
-        math=sum(n.math for n in nodes),
+        math=sum(math(n) for n in nodes),
         reshaping_ops=sum(is_move(n) and n.name not in prologue for n in nodes)
         if has_contraction else 0,
         n_outputs=len(outputs),

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Iterable
 
 from ..graph import OpGraph
+from ..schedules.math_calls import NESTED_CALL_FACTOR
 from .features import GroupFeatures, _elems, _is_window, _itemsize, op_class
 
 
@@ -102,6 +103,13 @@ def _index(f: _NodeFacts) -> int:
     return f.index
 
 
+def _work(f: _NodeFacts, in_prologue: bool, nested: set[str]) -> tuple:
+    """``f``'s ``op_work`` entry; a nested math call is priced as the libm call it stays."""
+    if f.name not in nested:
+        return f.work[in_prologue]
+    return (f.contraction, f.flops, f.elems, in_prologue, f.math * NESTED_CALL_FACTOR)
+
+
 def _prologue(facts: dict[str, _NodeFacts], member, contractions: list) -> list[_NodeFacts]:
     """Members feeding a contraction inside the group, found backwards from it, in binding
     order (``recompute_flops`` is a float sum over them)."""
@@ -135,6 +143,8 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
     inside_of, depth_of = member.__contains__, depth.get
     internal_bytes = multi_use = reductions = windows = moves = moves_after = tuple_extra = 0
     bytes_out = out_elems = chain = views = 0
+    carries: set[str] = set()  # members whose inlined value holds a math call
+    nested: set[str] = set()  # members whose math call takes one as input: scalar libm
     for f in group:
         name = f.name
         for src, size in f.inputs:
@@ -149,6 +159,13 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
             internal_bytes += f.written
             multi_use += inside > 1
         producers = f.producers
+        if carries and not carries.isdisjoint(producers):
+            if f.math:
+                nested.add(name)
+            if not (f.reduction or f.contraction) and inside <= 1:
+                carries.add(name)
+        elif f.math and not (f.reduction or f.contraction) and inside <= 1:
+            carries.add(name)
         d = depth[name] = 1 + max(map(depth_of, producers, _ZEROS), default=0)
         chain = max(chain, d)
         if f.reduction:
@@ -176,10 +193,10 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         # inlines like an elementwise epilogue.
         reshaping = moves - sum(p.is_move for p in prologue)
         tuple_extra -= sum(p.tuple_extra for p in prologue)
-        op_work = tuple([f.work[f.name in in_prologue] for f in calls])
+        op_work = tuple([_work(f, f.name in in_prologue, nested) for f in calls])
     else:
         prologue, reshaping = [], 0
-        op_work = tuple([f.work[0] for f in calls])
+        op_work = tuple([_work(f, False, nested) for f in calls])
     # Inlining an elementwise producer into a contraction would recompute it once per use of
     # each of its elements (N times for the A operand of an M x K x N matmul).
     recompute = 0.0
@@ -211,7 +228,8 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         "prologue_compute": sum([p.computes for p in prologue]) if prologue else 0,
         "op_work": op_work,
         "window_reductions": windows,
-        "math": sum([f.math for f in group]),
+        "math": sum([f.math * (NESTED_CALL_FACTOR if f.name in nested else 1.0)
+                     for f in group]),
         "reshaping_ops": reshaping,
         "n_outputs": len(outputs),
         "moves_after_reduction": moves_after,
