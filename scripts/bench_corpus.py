@@ -9,7 +9,7 @@ the model exported with ``torch.onnx.export``. Every column's output is checked 
 PyTorch's (max |ours - torch| / max |torch|). Geomean rows close the table.
 
     python scripts/bench_corpus.py [--models resnet50 bert ...] [--small] [--threads 1 2]
-                                   [--repeat 5] [--no-ort] [--out table.md]
+                                   [--repeat 5] [--no-ort] [--out table.md] [--rows rows.jsonl]
 
 Run it on a quiet machine: PyTorch and ORT at 2 threads are erratic when anything else runs.
 """
@@ -17,6 +17,7 @@ Run it on a quiet machine: PyTorch and ORT at 2 threads are erratic when anythin
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import tempfile
@@ -167,6 +168,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds")
     ap.add_argument("--no-ort", action="store_true", help="skip the ONNX Runtime columns")
     ap.add_argument("--out", default=None, help="also write the markdown table here")
+    ap.add_argument("--rows", default=None,
+                    help="append each model's row to this JSON-lines file as it finishes (a long "
+                         "run keeps what it measured) and skip models already in it")
     args = ap.parse_args()
     if args.repeat < 1 or any(t < 1 for t in args.threads):
         ap.error("--repeat and --threads must be positive")
@@ -175,15 +179,26 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown corpus models: {', '.join(unknown)}")
     rows = []
+    if args.rows and os.path.exists(args.rows):
+        with open(args.rows) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    done = {r["model"] for r in rows}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
+            if name in done:
+                continue
             start = time.perf_counter()
             try:
-                rows.append(bench_model(name, args.small, args.threads, args.repeat,
-                                        not args.no_ort, tmp))
+                row = bench_model(name, args.small, args.threads, args.repeat,
+                                  not args.no_ort, tmp)
             except Exception as err:  # noqa: BLE001 -- a model that fails is a row saying so
-                rows.append({"model": name, "error": f"{type(err).__name__}: {err}"[:200]})
+                row = {"model": name, "error": f"{type(err).__name__}: {err}"[:200]}
+            rows.append(row)
+            if args.rows:
+                with open(args.rows, "a") as f:
+                    f.write(json.dumps(row) + "\n")
             print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
+    rows = [r for r in rows if r["model"] in names]
     table = _table(rows, args.threads, not args.no_ort)
     print(f"host {host_target()}, {os.cpu_count()} CPUs, small={args.small}, "
           f"repeat={args.repeat}")
