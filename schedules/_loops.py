@@ -136,6 +136,31 @@ def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) ->
         parallelize(sch, lead, work if work is not None else MIN_PARALLEL_ITERS)
 
 
+def split_loops(sch: s_tir.Schedule, block: SBlockRV, col: tirx.Var, row: tirx.Var | None):
+    """``block``'s loops as (spatial, reduction, the loop binding ``col``, the one binding
+    ``row``), outer to inner, the last two None if no loop binds them; None where a binding is
+    not trivial (see :func:`loop_kinds`). A contraction tiles ``col`` into vectors and ``row``
+    into registers, and keeps the rest in order."""
+    stmt = sch.get(block)
+    var_of_loop = {val: iv.var for iv, val in
+                   zip(stmt.iter_vars, get_sblockrealize(sch, block).iter_values)}
+    kinds = loop_kinds(sch, block)
+    if kinds is None:
+        return None
+    spatial, reduce_loops, col_loop, row_loop = [], [], None, None
+    for loop, kind in zip(sch.get_loops(block), kinds):
+        var = var_of_loop.get(sch.get(loop).loop_var)
+        if kind == "R":
+            reduce_loops.append(loop)
+        elif var is not None and var.same_as(col):
+            col_loop = loop
+        elif var is not None and row is not None and var.same_as(row):
+            row_loop = loop
+        else:
+            spatial.append(loop)
+    return spatial, reduce_loops, col_loop, row_loop
+
+
 class SafeRule(CPUScheduleRule):
     """Runs ``_apply`` on a fresh schedule; any error means "does not apply" (returns None).
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from . import gemm
 from ._common import (
@@ -23,7 +22,7 @@ from ._common import (
     vector_registers,
     vector_tile,
 )
-from ._loops import SafeRule, loop_kinds, parallelize, schedule_rest
+from ._loops import SafeRule, parallelize, schedule_rest, split_loops
 from .classes import ScheduleClass
 from .prepack import pack_streamed_operand
 
@@ -163,25 +162,10 @@ class Contraction(SafeRule):
         stmt = sch.get(main)
         lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
         accumulators = vector_registers(target) // 2  # the other half: operands, addresses
-        values = get_sblockrealize(sch, main).iter_values
-        loops = sch.get_loops(main)
-        kinds = loop_kinds(sch, main)
-        if kinds is None:  # normalize_prim_func dropped unit loops: their iters bind constants
+        loops = split_loops(sch, main, shape.vec, shape.row)
+        if loops is None:  # normalize_prim_func dropped unit loops: their iters bind constants
             return None
-        var_of_loop = {}
-        for iv, val in zip(stmt.iter_vars, values):
-            var_of_loop[val] = iv.var
-        spatial, reduce_loops, vec_loop, row_loop = [], [], None, None
-        for loop, kind in zip(loops, kinds):
-            var = var_of_loop.get(sch.get(loop).loop_var)
-            if kind == "R":
-                reduce_loops.append(loop)
-            elif var is not None and var.same_as(shape.vec):
-                vec_loop = loop
-            elif var is not None and shape.row is not None and var.same_as(shape.row):
-                row_loop = loop
-            else:
-                spatial.append(loop)
+        spatial, reduce_loops, vec_loop, row_loop = loops
         if vec_loop is None or not reduce_loops:
             return None
 

@@ -25,7 +25,6 @@ import logging
 from dataclasses import dataclass
 
 from tvm import ir, s_tir, tirx
-from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from ._common import (
     MIN_PARALLEL_FMAS,
@@ -34,7 +33,7 @@ from ._common import (
     vector_lanes,
     vector_registers,
 )
-from ._loops import loop_kinds, parallelize, schedule_rest
+from ._loops import parallelize, schedule_rest, split_loops
 from .prepack import layout_free, pack_streamed_operand
 
 _log = logging.getLogger(__name__)
@@ -270,23 +269,10 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
     now = analyze(stmt, store, *loads)  # the operands are the padded copies now
     if now is not None:
         sch = _pack_panels(sch, main, now, tile.cols)
-    stmt = sch.get(main)
-    var_of_loop = {val: iv.var for iv, val in
-                   zip(stmt.iter_vars, get_sblockrealize(sch, main).iter_values)}
-    kinds = loop_kinds(sch, main)
-    if kinds is None:
+    loops = split_loops(sch, main, shape.col, shape.row)
+    if loops is None:
         return None
-    spatial, reduce_loops, col_loop, row_loop = [], [], None, None
-    for loop, kind in zip(sch.get_loops(main), kinds):
-        var = var_of_loop.get(sch.get(loop).loop_var)
-        if kind == "R":
-            reduce_loops.append(loop)
-        elif var is not None and var.same_as(shape.col):
-            col_loop = loop
-        elif var is not None and shape.row is not None and var.same_as(shape.row):
-            row_loop = loop
-        else:
-            spatial.append(loop)
+    spatial, reduce_loops, col_loop, row_loop = loops
     if col_loop is None or not reduce_loops:
         return None
     co, ci = sch.split(col_loop, factors=[None, tile.cols])

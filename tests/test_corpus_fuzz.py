@@ -18,13 +18,13 @@ import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_partition_property import convex_partitions
+from tvm_costfuse.schedules import schedule_pass
 
 from tvm_costfuse import apply_partition
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measurement.timing import run
 from tvm_costfuse.models import corpus
 from tvm_costfuse.pipelines import build_pipeline, prepare
-from tvm_costfuse.schedules import schedule_pass
 from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.targets import host_target
 

@@ -10,10 +10,10 @@ import pytest
 from conftest import prepared
 from hypothesis import given
 from hypothesis import strategies as st
+from tvm_costfuse.schedules.math_calls import NESTED_CALL_FACTOR
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy, planner
 from tvm_costfuse.cost.extract import group_features
-from tvm_costfuse.schedules.math_calls import NESTED_CALL_FACTOR
 from tvm_costfuse.cost.features import GroupFeatures, _elems, _is_window, _itemsize, op_class
 from tvm_costfuse.targets import preset
 from tvm_costfuse.testing import branchy_dag, random_dag
