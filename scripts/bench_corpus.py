@@ -106,7 +106,7 @@ def bench_model(name: str, small: bool, threads: list[int], repeat: int, with_or
     with torch.inference_mode():
         ref = _first_output(module(*args))
     row: dict = {"model": name, "family": corpus.family(name), "kernels": {}, "ms": {},
-                 "err": {}}
+                 "failed": {}, "err": {}}
     onnx_path = os.path.join(tmp, f"{name}.onnx")
     for t in threads:
         target = host_target(t)
@@ -120,12 +120,17 @@ def bench_model(name: str, small: bool, threads: list[int], repeat: int, with_or
             row["err"][f"{s}@{t}"] = _scale_error(out[0], ref)
             samplers[f"{s}@{t}"] = _with_threads(vm_sampler(ex, inputs, min_ms=_SAMPLE_MS), t)
         samplers[f"torch@{t}"] = _torch_sampler(module, args, t)
-        if with_ort:
-            sess = _ort_session(module, args, list(inputs), t, onnx_path)
-            feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs.values(), strict=True)}
-            row["err"][f"ort@{t}"] = _scale_error(sess.run(None, feed)[0], ref)
-            samplers[f"ort@{t}"] = call_sampler(lambda sess=sess, feed=feed: sess.run(None, feed),
-                                                _SAMPLE_MS)
+        if with_ort and "ort" not in row["failed"]:
+            try:  # an export the ONNX exporter refuses costs the ORT column, not the row
+                sess = _ort_session(module, args, list(inputs), t, onnx_path)
+            except Exception as err:  # noqa: BLE001 -- reported in the row and the table
+                row["failed"]["ort"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"[:160]
+            else:
+                feed = {i.name: a
+                        for i, a in zip(sess.get_inputs(), inputs.values(), strict=True)}
+                row["err"][f"ort@{t}"] = _scale_error(sess.run(None, feed)[0], ref)
+                samplers[f"ort@{t}"] = call_sampler(
+                    lambda sess=sess, feed=feed: sess.run(None, feed), _SAMPLE_MS)
         for k, v in interleave(samplers, repeat).items():
             row["ms"][k] = float(np.median(v)) * 1e3
     return row
@@ -146,6 +151,9 @@ def _table(rows: list[dict], threads: list[int], with_ort: bool) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     ok = [r for r in rows if "error" not in r]
     lines.append("")
+    for r in ok:
+        for column, why in r.get("failed", {}).items():
+            lines.append(f"- {r['model']}: no {column} column: {why}")
     for t in threads:
         for num in ("costfuse", "tvm"):
             for den in ("none", "tvm", *peers):
