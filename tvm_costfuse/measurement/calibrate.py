@@ -179,16 +179,26 @@ def _chain_module(kernels: int, parallel: bool, cores: int) -> tvm.IRModule:
 
 
 def _launch_seconds(parallel: bool, cores: int, target, repeat: int, ms: int) -> float:
+    """Seconds per extra kernel launch: the fastest repeat of the long chain minus the fastest
+    of the one-kernel call. Fastest, not median: the difference of two medians went to zero or
+    below when another job took the second core mid-run; an overhead is what the quiet case
+    costs. Measured again (up to 3 times) while the difference is not positive."""
     dev = tvm.cpu()
     x = tvm.runtime.tensor(np.zeros((cores, 16), "float32"), dev)
-    times = {}
+    timers = {}
     for kernels in (1, _LAUNCH_KERNELS):
         ex = tvm.compile(_chain_module(kernels, parallel, cores), target=target)
         vm = relax.VirtualMachine(ex, dev)
         vm["main"](x)
-        timer = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=ms)
-        times[kernels] = float(np.median(timer(x).results))
-    return max(times[_LAUNCH_KERNELS] - times[1], 0.0) / (_LAUNCH_KERNELS - 1)
+        timers[kernels] = vm.time_evaluator("main", dev, number=1, repeat=repeat,
+                                            min_repeat_ms=ms)
+    extra = 0.0
+    for _ in range(3):
+        times = {k: float(np.min(t(x).results)) for k, t in timers.items()}
+        extra = (times[_LAUNCH_KERNELS] - times[1]) / (_LAUNCH_KERNELS - 1)
+        if extra > 0:
+            break
+    return max(extra, 0.0)
 
 
 # ---------------------------------------------------------------------------- driver
