@@ -16,6 +16,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
 from ._common import (
+    MIN_PARALLEL_FMAS,
     MIN_PARALLEL_ITERS,
     PARALLEL_CHUNKS_PER_CORE,
     int_extent,
@@ -159,6 +160,16 @@ def split_loops(sch: s_tir.Schedule, block: SBlockRV, col: tirx.Var, row: tirx.V
         else:
             spatial.append(loop)
     return spatial, reduce_loops, col_loop, row_loop
+
+
+def tile_and_parallelize(sch: s_tir.Schedule, order: list, reduce_loops: list, inner: list):
+    """Reorder a contraction's loops to ``order -> reduce_loops -> inner`` and parallelize the
+    outer ones over enough work per thread; returns the loop the tile's write-back goes under."""
+    sch.reorder(*order, *reduce_loops, *inner)
+    fmas = 1
+    for lp in [*order, *reduce_loops, *inner]:
+        fmas *= int_extent(sch, lp) or MIN_PARALLEL_FMAS  # symbolic: assume plenty
+    return parallelize(sch, order, fmas, MIN_PARALLEL_FMAS)
 
 
 class SafeRule(CPUScheduleRule):

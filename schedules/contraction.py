@@ -11,7 +11,6 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from . import gemm
 from ._common import (
-    MIN_PARALLEL_FMAS,
     covers_output,
     inline_spatial,
     int_extent,
@@ -22,7 +21,7 @@ from ._common import (
     vector_registers,
     vector_tile,
 )
-from ._loops import SafeRule, parallelize, schedule_rest, split_loops
+from ._loops import SafeRule, schedule_rest, split_loops, tile_and_parallelize
 from .classes import ScheduleClass
 from .prepack import pack_streamed_operand
 
@@ -180,11 +179,7 @@ class Contraction(SafeRule):
             inner = [ri, vi]
             outer_tiles = [vo, ro] if shape.streamed_larger else [ro, vo]
         order = [outer_tiles[0], *spatial, *outer_tiles[1:]]
-        sch.reorder(*order, *reduce_loops, *inner)
-        fmas = 1
-        for lp in [*order, *reduce_loops, *inner]:
-            fmas *= int_extent(sch, lp) or MIN_PARALLEL_FMAS  # symbolic: assume plenty
-        tile_loop = parallelize(sch, order, fmas, MIN_PARALLEL_FMAS)
+        tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner)
 
         writeback = sch.cache_write(main, 0, "local")
         if consumers and covers_output(sch.get(consumers[0]), sch.get(writeback)):

@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from tvm import ir, s_tir, tirx
 
 from ._common import (
-    MIN_PARALLEL_FMAS,
     covers_output,
     int_extent,
     vector_lanes,
     vector_registers,
 )
-from ._loops import parallelize, schedule_rest, split_loops
+from ._loops import schedule_rest, split_loops, tile_and_parallelize
 from .prepack import layout_free, pack_streamed_operand
 
 _log = logging.getLogger(__name__)
@@ -283,11 +282,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
         larger = _numel(shape.streamed.source) >= _numel(shape.other.source)
         outer = [co, ro] if larger else [ro, co]
     order = [*spatial, *outer]
-    sch.reorder(*order, *reduce_loops, *inner)
-    fmas = 1
-    for lp in [*order, *reduce_loops, *inner]:
-        fmas *= int_extent(sch, lp) or MIN_PARALLEL_FMAS  # symbolic: assume plenty
-    tile_loop = parallelize(sch, order, fmas, MIN_PARALLEL_FMAS)
+    tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner)
 
     writeback = sch.cache_write(main, 0, "local")
     if tail is not None:
