@@ -12,6 +12,8 @@ PyTorch's (max |ours - torch| / max |torch|). Geomean rows close the table.
                                    [--repeat 5] [--no-ort] [--out table.md] [--rows rows.jsonl]
 
 Run it on a quiet machine: PyTorch and ORT at 2 threads are erratic when anything else runs.
+Each row records the cores other processes used while it was timed (``measurement.quiet``);
+rows above ``DISTURBED_CORES`` are named under the table, to be rerun.
 """
 
 from __future__ import annotations
@@ -35,10 +37,14 @@ from tvm_costfuse.measurement.timing import (
     run,
     vm_sampler,
 )
+from tvm_costfuse.measurement.quiet import OtherLoad
 from tvm_costfuse.models import corpus
 
 OURS = ("none", "tvm", "costfuse")
 _SAMPLE_MS = 50
+# A row timed while other processes kept more than this many cores busy is flagged: a 2-vCPU
+# host's 2-thread figures moved 2x under a short script elsewhere.
+DISTURBED_CORES = 0.1
 
 
 def _thread_pool(threads: int) -> None:
@@ -73,9 +79,16 @@ def _ort_session(module, args, names: list[str], threads: int, path: str):
     import torch
 
     if not os.path.exists(path):
-        with torch.no_grad():
-            torch.onnx.export(module, args, path, input_names=names, opset_version=17,
-                              dynamo=False)
+        # nn.MultiheadAttention's inference fast path is one fused op that has no ONNX export;
+        # off, the layer exports as its plain ops (eager keeps the fast path for its column).
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            with torch.no_grad():
+                torch.onnx.export(module, args, path, input_names=names, opset_version=17,
+                                  dynamo=False)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
@@ -106,7 +119,7 @@ def bench_model(name: str, small: bool, threads: list[int], repeat: int, with_or
     with torch.inference_mode():
         ref = _first_output(module(*args))
     row: dict = {"model": name, "family": corpus.family(name), "kernels": {}, "ms": {},
-                 "failed": {}, "err": {}}
+                 "failed": {}, "err": {}, "other_load": {}}
     onnx_path = os.path.join(tmp, f"{name}.onnx")
     for t in threads:
         target = host_target(t)
@@ -131,15 +144,25 @@ def bench_model(name: str, small: bool, threads: list[int], repeat: int, with_or
                 row["err"][f"ort@{t}"] = _scale_error(sess.run(None, feed)[0], ref)
                 samplers[f"ort@{t}"] = call_sampler(
                     lambda sess=sess, feed=feed: sess.run(None, feed), _SAMPLE_MS)
-        for k, v in interleave(samplers, repeat).items():
+        with OtherLoad() as load:
+            timed = interleave(samplers, repeat)
+        row["other_load"][str(t)] = load.cores
+        for k, v in timed.items():
             row["ms"][k] = float(np.median(v)) * 1e3
     return row
+
+
+def _load_cell(row: dict) -> str:
+    """Other processes' cores during each thread count's rounds (``measurement.quiet``)."""
+    loads = row.get("other_load", {})
+    return " / ".join(f"{loads[t]:.2f}" for t in sorted(loads, key=int)) or "n/a"
 
 
 def _table(rows: list[dict], threads: list[int], with_ort: bool) -> str:
     peers = ["torch"] + (["ort"] if with_ort else [])
     cols = [f"{c}@{t}" for t in threads for c in (*OURS, *peers)]
-    head = ["model", "family", *(f"k {s}" for s in OURS), *(f"{c} ms" for c in cols), "max err"]
+    head = ["model", "family", *(f"k {s}" for s in OURS), *(f"{c} ms" for c in cols), "max err",
+            "other load"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "error" in r:
@@ -147,10 +170,15 @@ def _table(rows: list[dict], threads: list[int], with_ort: bool) -> str:
             continue
         cells = [r["model"], r["family"], *(str(r["kernels"][s]) for s in OURS),
                  *(f"{r['ms'].get(c, math.nan):.2f}" for c in cols),
-                 f"{max(r['err'].values()):.1e}"]
+                 f"{max(r['err'].values()):.1e}", _load_cell(r)]
         lines.append("| " + " | ".join(cells) + " |")
     ok = [r for r in rows if "error" not in r]
     lines.append("")
+    disturbed = [r["model"] for r in ok if max(r.get("other_load", {}).values(),
+                                               default=math.nan) > DISTURBED_CORES]
+    if disturbed:
+        lines.append(f"- disturbed (other processes used > {DISTURBED_CORES} cores while a row "
+                     f"was timed; rerun them on a quiet machine): {', '.join(disturbed)}")
     for r in ok:
         for column, why in r.get("failed", {}).items():
             lines.append(f"- {r['model']}: no {column} column: {why}")

@@ -99,7 +99,29 @@ def test_a_lone_reshape_is_a_view_not_a_kernel() -> None:
 
 def test_demo_reports_the_kernels_each_build_launches(capsys) -> None:
     assert main(["demo", "--model", "rmsnorm", "--small", "--repeat", "2"]) == 0
-    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
             if line.split() and line.split()[0] in ("none", "tvm", "costfuse")}
     # rmsnorm spelled out: six ops unfused, FuseOps leaves the reduction split, CostFuse one.
     assert (rows["none"][1], rows["tvm"][1], rows["costfuse"][1]) == ("6", "2", "1")
+    # ... and the demo says so: FuseOps' two kernels merged, priced, with the measured ratio.
+    assert "CostFuse decided 1 region(s) differently from FuseOps" in out
+    assert "  merged [" in out and "CostFuse vs FuseOps, same schedules: " in out
+
+
+def test_differences_cover_exactly_the_kernels_the_partitions_disagree_on() -> None:
+    from tvm_costfuse.config import FusionConfig
+    from tvm_costfuse.partition import fuseops_groups
+    from tvm_costfuse.report.decided import describe, differences
+    from tvm_costfuse.targets import preset
+
+    graph = build_graph(prepared("rmsnorm")[0])
+    fuseops = fuseops_groups(prepared("rmsnorm")[0])
+    ours = [graph.call_tir_names()]  # one kernel, as CostFuse plans rmsnorm
+    diffs = differences(graph, preset("h100"), FusionConfig.resolve(), fuseops, ours)
+    theirs = set(kernels_of(graph, fuseops)) - set(kernels_of(graph, ours))
+    assert [set(d.fuseops) for d in diffs] == [theirs] and diffs[0].verb == "merged"
+    assert {n for k in diffs[0].costfuse for n in k} == {n for k in theirs for n in k}
+    assert diffs[0].fuseops_s > 0 and diffs[0].costfuse_s > 0
+    assert describe(graph, diffs[0]).startswith("merged [")
+    assert differences(graph, preset("h100"), FusionConfig.resolve(), fuseops, fuseops) == []

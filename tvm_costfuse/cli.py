@@ -37,6 +37,7 @@ from .pipelines import prepare
 from .report.compare import COMPARED, TARGETS
 from .strategies import STRATEGIES, strategy_pipeline
 from .targets import host_target, preset_names, resolve
+from .transform import plan_module
 from .tuning.integrity import DatabaseLocked, exclusive
 
 
@@ -75,7 +76,41 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"{name:<9} {kernels[name]:>7} {compile_s[name]:>10.2f} "
               f"{seconds[name] * 1e3:>11.3f} {seconds['tvm'] / seconds[name]:>6.2f}x")
     print("numerics: every strategy matches no fusion (rtol 1e-4, atol 1e-5)")
+    _print_decisions(mod, target, seconds["tvm"] / seconds["costfuse"])
     return 0
+
+
+# Ratios closer to 1 than this are reported as ties, not as a win or a loss.
+_NOISE = 0.02
+
+
+def _print_decisions(mod: tvm.IRModule, target, measured: float, shown: int = 8) -> None:
+    """What CostFuse decided differently from FuseOps, priced, and the headline: the measured
+    ratio next to the predicted one, a loss named as one with where it comes from."""
+    from .report.decided import describe, differences
+
+    prepared = prepare(mod, target)
+    graph = build_graph(prepared)
+    desc, config = resolve(target).desc, FusionConfig.resolve()
+    plan = plan_module(prepared, desc, config)
+    diffs = differences(graph, desc, config, fuseops_groups(prepared), plan.groups)
+    if not diffs:
+        print("CostFuse chose FuseOps' kernels on this model: the latencies differ by noise only")
+        return
+    theirs, ours = sum(d.fuseops_s for d in diffs), sum(d.costfuse_s for d in diffs)
+    print(f"CostFuse decided {len(diffs)} region(s) differently from FuseOps"
+          + (f" (first {shown})" if len(diffs) > shown else "") + ":")
+    for d in diffs[:shown]:
+        print(f"  {describe(graph, d)}")
+    verdict = ("faster" if measured >= 1 + _NOISE else "SLOWER" if measured <= 1 - _NOISE
+               else f"the same within {_NOISE:.0%} noise")
+    print(f"CostFuse vs FuseOps, same schedules: {measured:.2f}x measured ({verdict}); the cost "
+          f"model predicted {theirs / ours:.2f}x on these regions ({(theirs - ours) * 1e6:.1f} us "
+          "saved)")
+    if measured <= 1 - _NOISE:
+        print("  a loss: the cost model priced these regions wrong on this host (its "
+              "description of the host, or a kernel it does not model); `costfuse explain` "
+              "shows each price, `costfuse calibrate` re-measures the host")
 
 
 def cmd_models(_args: argparse.Namespace) -> int:

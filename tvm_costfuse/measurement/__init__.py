@@ -3,5 +3,6 @@
 - ``timing``      -- build and run on the Relax VM, numerics, interleaved timings;
 - ``registers``   -- ptxas registers and spills per CUDA kernel, x86 spill counts via llvmlite;
 - ``cuda_source`` -- compile for CUDA without a GPU, CUDA C per kernel;
-- ``calibrate``   -- this host's bandwidth, FLOP/s and kernel launch cost.
+- ``calibrate``   -- this host's bandwidth, FLOP/s and kernel launch cost;
+- ``quiet``       -- how busy the rest of the machine was while a benchmark timed.
 """

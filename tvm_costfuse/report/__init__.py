@@ -1,2 +1,3 @@
-"""Reports: what a plan does and why (``explain``), and strategies x targets x models side by
-side (``compare``: cells, then ``tables`` and ``plots`` of them)."""
+"""Reports: what a plan does and why (``explain``), where it differs from FuseOps' partition
+(``decided``: the demo's summary), and strategies x targets x models side by side (``compare``:
+cells, then ``tables`` and ``plots`` of them)."""
