@@ -125,3 +125,12 @@ def test_differences_cover_exactly_the_kernels_the_partitions_disagree_on() -> N
     assert diffs[0].fuseops_s > 0 and diffs[0].costfuse_s > 0
     assert describe(graph, diffs[0]).startswith("merged [")
     assert differences(graph, preset("h100"), FusionConfig.resolve(), fuseops, fuseops) == []
+
+
+def test_the_default_demo_shows_a_decision_that_differs_from_fuseops(capsys) -> None:
+    # The README's main job: its default model must have something to show (the ratio it
+    # measures is the demo's output, not this test's claim).
+    assert main(["demo", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("model elementwise_chain,")
+    assert "CostFuse decided 1 region(s) differently from FuseOps" in out and "  split [" in out

@@ -270,7 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="costfuse", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compare fusion strategies on a zoo model")
-    demo.add_argument("--model", default="layernorm_mlp", type=model_spec)
+    # The default is a model whose fusion decision matters: FuseOps fuses its 20 elementwise
+    # ops into one kernel whose nested math calls stay scalar; CostFuse splits it where the
+    # calls would nest (docs/benchmarks.md, "Vectorized float32 math").
+    demo.add_argument("--model", default="elementwise_chain", type=model_spec)
     demo.add_argument("--small", action="store_true", help="use the tiny test variant")
     demo.add_argument("--repeat", type=int_at_least(1), default=5,
                       help="timed repeats (median reported)")
