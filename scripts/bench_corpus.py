@@ -30,6 +30,7 @@ import numpy as np
 import tvm
 
 from tvm_costfuse import host_target, strategy_pipeline
+from tvm_costfuse.measurement.quiet import OtherLoad
 from tvm_costfuse.measurement.timing import (
     call_sampler,
     geomean,
@@ -37,7 +38,6 @@ from tvm_costfuse.measurement.timing import (
     run,
     vm_sampler,
 )
-from tvm_costfuse.measurement.quiet import OtherLoad
 from tvm_costfuse.models import corpus
 
 OURS = ("none", "tvm", "costfuse")

@@ -18,14 +18,14 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import bench_corpus  # noqa: E402  (scripts/ is not a package)
+import bench_corpus
 
-from tvm_costfuse.measurement.timing import call_sampler  # noqa: E402
-from tvm_costfuse.models import corpus  # noqa: E402
+from tvm_costfuse.measurement.timing import call_sampler
+from tvm_costfuse.models import corpus
 
 
 def probe(name: str, samples: int = 5) -> None:
-    mod, inputs, module = corpus.load(name, small=False)
+    _, inputs, module = corpus.load(name, small=False)
     args = corpus.torch_inputs(inputs)
     tmp = tempfile.mkdtemp()
     for t in (1, 2):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Self
 
 # /proc/stat's cpu line: user nice system idle iowait irq softirq steal ...; idle and iowait
 # are the only states in which a CPU did nothing for anyone.
@@ -43,7 +44,7 @@ class OtherLoad:
     own_cores: float = float("nan")  # what this process used meanwhile, for comparison
     _start: tuple = field(default=(), repr=False)
 
-    def __enter__(self) -> OtherLoad:
+    def __enter__(self) -> Self:
         self._start = (time.perf_counter(), _busy_seconds(), _own_seconds())
         return self
 
