@@ -42,6 +42,7 @@ class OtherLoad:
 
     cores: float = float("nan")
     own_cores: float = float("nan")  # what this process used meanwhile, for comparison
+    seconds: float = float("nan")  # the window's wall time
     _start: tuple = field(default=(), repr=False)
 
     def __enter__(self) -> Self:
@@ -51,6 +52,7 @@ class OtherLoad:
     def __exit__(self, *_exc) -> None:
         wall0, busy0, own0 = self._start
         wall, busy = time.perf_counter() - wall0, _busy_seconds()
+        self.seconds = wall
         if busy is None or busy0 is None or wall <= 0:
             return
         self.own_cores = (_own_seconds() - own0) / wall
