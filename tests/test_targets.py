@@ -131,3 +131,45 @@ def test_calibration_round_trip(calibrated):
     assert calibrate.load(other) is None
     assert targets.host(num_cores=desc.cores, calibration=other).source.endswith("+default")
     assert calibrate.load(path.with_name("absent.json")) is None
+
+
+def test_first_use_measures_once_and_caches_per_cpu_and_cores(tmp_path, monkeypatch):
+    """Without a record for this CPU and core count, pricing measures one (quick mode), says
+    so, caches it, and the next process reads it; a disturbed measurement is not cached."""
+    from tvm_costfuse.targets import calibration
+
+    measured = []
+
+    def fake_measure(num_cores, quick):
+        measured.append((num_cores, quick))
+        return {"cpu": targets.host_cpu(), "cpu_model": targets.host_cpu_model(),
+                "num_cores": num_cores, "quick": quick,
+                "figures": {"dram_bw": 12.5e9, "fp32_flops": 3e11, "launch_s": 4e-6,
+                            "launch_s_serial": 1e-7, "l2_bw": 9e10, "l3_bw": 4e10}}
+
+    path = tmp_path / "cal.json"
+    monkeypatch.setattr(calibration, "CALIBRATION_PATH", path)
+    monkeypatch.setattr(calibration, "_measured", {})
+    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    one = targets.host(num_cores=1)
+    assert one.source.endswith("+calibrated") and one.dram_bw == 12.5e9
+    assert measured == [(1, True)] and calibration.load_calibration(path, 1)["num_cores"] == 1
+    two = targets.host(num_cores=2)
+    assert two.source.endswith("+calibrated") and measured == [(1, True), (2, True)]
+    # Another process (nothing measured in it yet) reads both records back, measuring nothing.
+    monkeypatch.setattr(calibration, "_measured", {})
+    assert targets.host(num_cores=1) == one and targets.host(num_cores=2) == two
+    assert len(measured) == 2
+    # A measurement taken while others kept the machine busy prices this process only.
+    monkeypatch.setattr(calibration, "DISTURBED_CORES", -1.0)
+    assert targets.host(num_cores=3).source.endswith("+calibrated") and len(measured) == 3
+    assert calibration.load_calibration(path, 3) is None
+
+
+def test_calibration_off_measures_nothing(monkeypatch):
+    from tvm_costfuse.targets import calibration
+
+    monkeypatch.setattr(calibration, "_measured", {})
+    monkeypatch.setattr(calibrate, "measure", lambda *a: pytest.fail("measured"))
+    assert str(calibration.CALIBRATION_PATH) == "none"  # what conftest sets for the suite
+    assert targets.host(num_cores=1).source.endswith("+default")

@@ -159,6 +159,7 @@ def explain(
     return {
         "model": name + (" (small)" if small and name != "<module>" else ""),
         "target": desc.name,
+        "description": desc.source,  # which figures priced the plan: "...+calibrated" or defaults
         "config": {k: v for k, v in vars(cfg).items()},
         "groups": groups,
         "decisions": decisions,
@@ -177,7 +178,7 @@ def _us(seconds: float) -> str:
 
 def format_text(report: dict, max_decisions: int = 40) -> str:
     """The report as readable tables: kernels, decisions, totals."""
-    lines = [f"model {report['model']}, target {report['target']}", ""]
+    lines = [f"model {report['model']}, target {report['target']} ({report['description']})", ""]
     lines.append(f"{'#':>3} {'pred us':>9} {'launch':>8} {'memory':>8} {'compute':>8} "
                  f"{'spill':>7} {'regs':>5} {'schedule':<11} ops")
     for i, g in enumerate(report["groups"]):

@@ -1,11 +1,10 @@
 """The host CPU's description: caches from ``/sys``, ISA from LLVM, cores from the affinity
-mask and, when present, a calibration record measured on this CPU by
-:mod:`tvm_costfuse.measurement.calibrate` (the file is read and written here).
+mask and a calibration record measured on this CPU by
+:mod:`tvm_costfuse.measurement.calibrate` (stored by :mod:`.calibration`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -15,13 +14,8 @@ from pathlib import Path
 import tvm
 
 from . import isa
+from .calibration import calibrated_on_first_use, load_calibration
 from .desc import CPU, KiB, MiB, TargetDesc
-
-# TVM_COSTFUSE_CALIBRATION overrides the file; "none" makes host() use its documented defaults
-# (the test suite sets it, so results never depend on a calibration left on the machine).
-CALIBRATION_PATH = Path(
-    os.environ.get("TVM_COSTFUSE_CALIBRATION", "~/.cache/tvm_costfuse/host_calibration.json")
-).expanduser()
 
 _SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 # Documented fallbacks when neither sysfs nor lscpu report a cache: small, common x86 sizes.
@@ -130,18 +124,21 @@ def host_caches() -> dict:
     return caches | {"source": source}
 
 
-def _calibration_record(calibration) -> dict | None:
+def _calibration_record(calibration, cores: int) -> dict | None:
     if calibration is False or calibration is None:
         return None
     if isinstance(calibration, Mapping):
         return dict(calibration)
-    return load_calibration(None if calibration is True else calibration)
+    if calibration is True:
+        return calibrated_on_first_use(cores)
+    return load_calibration(calibration, cores)
 
 
 def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None) -> TargetDesc:
     """This machine's CPU, or the CPU named ``mcpu`` in this machine's memory system.
 
-    ``calibration``: True reads the default calibration file, a path reads that file, a dict
+    ``calibration``: True takes the default file's record, measuring it on first use
+    (:mod:`.calibration`), a path reads that file, a dict
     is a :func:`tvm_costfuse.measurement.calibrate.measure` record, False uses the conservative defaults.
     A record is used only when measured on this CPU with the same core count; its figures
     replace the defaults and ``source`` says which were used ("sysfs+calibrated",
@@ -163,7 +160,7 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         "l2_bw": None,
         "l3_bw": None,
     }
-    record = _calibration_record(calibration) if mcpu in (None, host_cpu()) else None
+    record = _calibration_record(calibration, cores) if mcpu in (None, host_cpu()) else None
     figure_source = "default"
     if record and record.get("num_cores") == cores:
         figures |= record["figures"]
@@ -190,27 +187,3 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         vector_regs=isa.vector_registers(target),
         source=f"{caches['source']}+{figure_source}",
     )
-
-
-
-
-def save_calibration(record: dict, path: str | os.PathLike | None = None) -> Path:
-    """Write a calibration record as JSON (default :data:`CALIBRATION_PATH`)."""
-    path = Path(path).expanduser() if path else CALIBRATION_PATH
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return path
-
-
-def load_calibration(path: str | os.PathLike | None = None) -> dict | None:
-    """The saved record when present and measured on this CPU (LLVM name and model); else None."""
-    path = Path(path).expanduser() if path else CALIBRATION_PATH
-    if str(path) == "none" or not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if record.get("cpu") != host_cpu() or record.get("cpu_model") != host_cpu_model():
-        return None
-    return record
