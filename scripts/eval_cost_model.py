@@ -1,32 +1,39 @@
-"""Collect measured fusion groups, and evaluate cost models on them (leave-one-model-out).
+"""Collect measured fusion groups, and evaluate cost models on them (leave one family out).
 
 train: fit the learned model on every record and save it beside the database
     python scripts/eval_cost_model.py train
 (Recomputing stored features after the schema grew is ``costfuse refeature``.)
-measure: time the candidate groups of zoo models into tuning_logs/<target>/groups
-    python scripts/eval_cost_model.py measure --size small --models mlp_gelu attention
+measure: time the candidate groups of zoo or corpus models into tuning_logs/<target>/groups
+    python scripts/eval_cost_model.py measure --size small --models mlp_gelu bert wav2vec2
   and of random test programs (tvm_costfuse.models.synthetic: synth-0 .. synth-39):
     python scripts/eval_cost_model.py measure --synthetic 40
-evaluate: for each zoo model held out, train the learned model on the others' records and
-compare it with the analytical model on the held-out model's records:
-- decision accuracy on candidate pairs (left, right, left+right all measured): does
-  predicted(fused) < predicted(left) + predicted(right) agree with the measured times?
-- Kendall tau of predicted vs measured kernel times over the model's measured groups;
-and the measured cost model (``cost.measured``: a held-out group that another model measured
-priced by that measurement, the rest analytically; ``acc meas``). Then the same scores on each measured synthetic program (``synth-<seed>``, never trained on
-by default): a test on programs no zoo architecture resembles. ``--train-synthetic`` adds the
-other programs to every training set (and the synthetic rows to the zoo hold-outs' training).
-    python scripts/eval_cost_model.py evaluate [--train-synthetic]
+evaluate: hold out each architecture family (``models.family``: cnn, encoder, decoder,
+vision_transformer, seq2seq, speech, elementwise; ``--by architecture`` holds out one model at
+a time), train the learned model on the rest (``--seeds`` times) and score every model on the
+held-out family's measured groups (``cost.evaluation``):
+- decision accuracy on candidate pairs (left, right, left+right all measured), next to the
+  better trivial baseline (always fuse / never fuse); coverage and accuracy on the decided
+  pairs when the model may abstain (the learned model where it falls back, the analytical one
+  below a predicted gain of ``--margin``);
+- Kendall tau and the predicted / measured time ratio (p10, median, p90) over the groups;
+- the measured cost model (``cost.measured``: a held-out group another model measured priced
+  by that measurement, the rest analytically).
+Then the same on each measured synthetic program (``synth-<seed>``, never trained on by
+default); ``--train-synthetic`` adds the other programs to every training set.
+    python scripts/eval_cost_model.py evaluate [--by family|architecture] [--seeds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
+import numpy as np
 from scipy.stats import kendalltau
 
 from tvm_costfuse import models
+from tvm_costfuse.cost import evaluation
 from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.learned import (
     FALLBACK_CONFIDENCE,
@@ -62,103 +69,94 @@ def _measure(args) -> None:
               f"skipped {s.skipped} in {s.seconds:.0f} s", flush=True)
 
 
-def _pairs(rows: list[dict]) -> list[tuple[dict, dict, dict]]:
-    """(left, right, union) triples among one model's measured groups: every split of a
-    measured group into two measured groups (the planner's decisions, reconstructed)."""
-    by_key = {frozenset(r["members"]): r for r in rows}
-    out = []
-    for union, u_row in by_key.items():
-        if len(union) < 2:
-            continue
-        for left, l_row in by_key.items():
-            right = union - left
-            if left < union and right in by_key and min(left) < min(right):
-                out.append((l_row, by_key[right], u_row))
-    return out
+def _predictors(train: list[dict], desc, min_records: int, seeds: int):
+    """(analytical, measured, [learned per seed]) predictors trained on ``train``."""
+    def analytical(r):
+        return estimate(_features_of(r), desc).seconds, True
+
+    measured_model = MeasuredModel.from_rows(train)
+
+    def measured(r):
+        return measured_model(_features_of(r), desc).seconds, True
+
+    def learned_of(model):
+        def predict(r):
+            e = model(_features_of(r), desc)
+            return e.seconds, e.confidence != FALLBACK_CONFIDENCE
+        return predict
+
+    learned = [learned_of(train_rows(train, desc, min_records=min_records, seed=s))
+               for s in range(seeds)]
+    return analytical, measured, learned
 
 
-def _scores(rows, pred: dict[int, float]) -> tuple[float, float, int, float]:
-    """(Kendall tau over groups, decision accuracy over pairs, pairs, share measured fused);
-    ``pred`` maps id(row) to the predicted seconds."""
-    tau = kendalltau([measured_seconds(r) for r in rows], [pred[id(r)] for r in rows]).statistic
-    pairs = _pairs(rows)
-    hits = sum(_right(q, pred) for q in pairs)
-    fused = sum(measured_seconds(u) < measured_seconds(a) + measured_seconds(b) for a, b, u in pairs)
-    n = len(pairs)
-    return tau, hits / n if n else float("nan"), n, fused / n if n else float("nan")
+def _pct(x: float) -> str:
+    return "   n/a" if math.isnan(x) else f"{100 * x:6.1f}"
 
 
-def _score_rows(label: str, group: list[dict], model, desc, measured) -> tuple:
-    """Print one table line; returns (acc analytical, acc learned, acc measured, pairs,
-    fallbacks, analytical and learned predictions in ``group`` order, and per pair (answered
-    by the trees alone, analytical right, learned right))."""
-    a_est = {id(r): estimate(_features_of(r), desc).seconds for r in group}
-    l_full = {id(r): model(_features_of(r), desc) for r in group}
-    m_est = {id(r): measured(_features_of(r), desc).seconds for r in group}
-    fell = sum(e.confidence == FALLBACK_CONFIDENCE for e in l_full.values())
-    l_est = {k: e.seconds for k, e in l_full.items()}
-    tau_a, acc_a, n, fused = _scores(group, a_est)
-    tau_l, acc_l, _, _ = _scores(group, l_est)
-    _, acc_m, _, _ = _scores(group, m_est)
-    print(f"{label:<24}{len(group):>7}{n:>7}{100 * fused:>6.0f}%"
-          f"{acc_a:>12.2f}{acc_l:>9.2f}{acc_m:>10.2f}{tau_a:>12.2f}{tau_l:>9.2f}"
-          f"{f'{fell}/{len(group)}':>10}")
-    # Per pair: (all three answered by the trees, analytical right, learned right).
-    by_trees = {k: e.confidence != FALLBACK_CONFIDENCE for k, e in l_full.items()}
-    split = [(all(by_trees[id(r)] for r in q),
-              _right(q, a_est), _right(q, l_est)) for q in _pairs(group)]
-    return (acc_a, acc_l, acc_m, n, fell, [a_est[id(r)] for r in group],
-            [l_est[id(r)] for r in group], split)
+def _mean_std(values: list[float]) -> str:
+    return f"{100 * np.mean(values):5.1f}+-{100 * np.std(values):3.1f}"
 
 
-def _right(pair: tuple[dict, dict, dict], pred: dict[int, float]) -> bool:
-    """Whether ``pred`` decides fuse / keep apart as the measured medians do."""
-    a, b, u = pair
-    return (measured_seconds(u) < measured_seconds(a) + measured_seconds(b)) == (pred[id(u)] < pred[id(a)] + pred[id(b)])
-
-
-def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, min_records: int
-           ) -> None:
-    """Hold out each unit in turn (its rows by model variant), train on ``train_for(unit)``,
-    print per-variant lines and the pooled line."""
-    head = (f"{title:<24}{'groups':>7}{'pairs':>7}{'fuse%':>7}"
-            f"{'acc analyt':>12}{'acc xgb':>9}{'acc meas':>10}{'tau analyt':>12}{'tau xgb':>9}"
-            f"{'fallback':>10}")
+def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -> None:
+    """Hold out each unit in turn, train on ``train_for(unit)``, print one line per unit
+    and the pooled line (accuracies in %, pooled over pairs)."""
+    head = (f"{title:<20}{'groups':>7}{'pairs':>6}{'fuse%':>7}{'best triv':>10}"
+            f"{'analyt':>8}{'cov@m':>7}{'dec acc':>8}{'xgb mean+-std':>15}{'xgb cov':>8}"
+            f"{'xgb dec':>8}{'meas':>7}{'tau a':>7}{'tau x':>7}{'a/meas p10 p50 p90':>20}"
+            f"{'x/meas p50':>11}")
     print(head)
     print("-" * len(head))
-    pairs = hits_a = hits_l = hits_m = 0
-    meas, all_a, all_l, split = [], [], [], []
+    pooled: dict[str, list] = {"n": [], "fuse": [], "a": [], "a_cov": [], "a_dec": [],
+                               "x": [], "x_cov": [], "x_dec": [], "m": []}
+    all_meas, all_a, all_x = [], [], []
     for unit, held in held_out.items():
-        train = train_for(unit)
-        model = train_rows(train, desc, min_records=min_records)
-        measured = MeasuredModel.from_rows(train)
-        for variant in sorted({r["model"] for r in held}):
-            group = [r for r in held if r["model"] == variant]
-            acc_a, acc_l, acc_m, n, _, a, lrn, sp = _score_rows(variant, group, model, desc,
-                                                                 measured)
-            split += sp
-            if n:
-                pairs += n
-                hits_a += acc_a * n
-                hits_l += acc_l * n
-                hits_m += acc_m * n
-            meas += [measured_seconds(r) for r in group]
-            all_a += a
-            all_l += lrn
+        analytical, measured, learned = _predictors(train_for(unit), desc, args.min_records,
+                                                    args.seeds)
+        pair_list = [p for v in sorted({r["model"] for r in held})
+                     for p in evaluation.pairs([r for r in held if r["model"] == v])]
+        a = evaluation.decide(pair_list, analytical, margin=args.margin)
+        xs = [evaluation.decide(pair_list, f) for f in learned]
+        m = evaluation.decide(pair_list, measured)
+        ta, tx = evaluation.times(held, analytical), evaluation.times(held, learned[0])
+        print(f"{unit:<20}{len(held):>7}{a.pairs:>6}{_pct(a.fuse_share):>7}"
+              f"{_pct(a.best_trivial):>10}{_pct(a.accuracy):>8}{_pct(a.coverage):>7}"
+              f"{_pct(a.decided_accuracy):>8}{_mean_std([x.accuracy for x in xs]):>15}"
+              f"{_pct(xs[0].coverage):>8}{_pct(xs[0].decided_accuracy):>8}"
+              f"{_pct(m.accuracy):>7}{ta.tau:>7.2f}{tx.tau:>7.2f}"
+              f"{ta.ratio_p10:>8.2f}{ta.ratio_median:>6.2f}{ta.ratio_p90:>6.2f}"
+              f"{tx.ratio_median:>11.2f}")
+        if a.pairs:
+            for key, value in (("n", a.pairs), ("fuse", a.fuse_share), ("a", a.accuracy),
+                               ("a_cov", a.coverage), ("a_dec", a.decided_accuracy),
+                               ("x", [x.accuracy for x in xs]), ("x_cov", xs[0].coverage),
+                               ("x_dec", xs[0].decided_accuracy), ("m", m.accuracy)):
+                pooled[key].append(value)
+        all_meas += [measured_seconds(r) for r in held]
+        all_a += [analytical(r)[0] for r in held]
+        all_x += [learned[0](r)[0] for r in held]
     print("-" * len(head))
-    if not pairs:
-        print("all: no measured pairs to score")
+    n = np.asarray(pooled["n"], dtype=float)
+    if not n.sum():
+        print("all: no measured pairs to score\n")
         return
-    print(f"{'all (pairs pooled)':<24}{len(meas):>7}{pairs:>7}{'':>7}"
-          f"{hits_a / pairs:>12.3f}{hits_l / pairs:>9.3f}{hits_m / pairs:>10.3f}"
-          f"{kendalltau(meas, all_a).statistic:>12.2f}{kendalltau(meas, all_l).statistic:>9.2f}")
-    for trees, label in ((True, "answered by the trees"), (False, "some part analytical")):
-        sub = [s for s in split if s[0] == trees]
-        if sub:
-            print(f"  pairs {label}: {len(sub)}, accuracy analytical "
-                  f"{sum(s[1] for s in sub) / len(sub):.2f}, learned "
-                  f"{sum(s[2] for s in sub) / len(sub):.2f}")
-    print()
+
+    def pool(key):
+        v = np.asarray(pooled[key], dtype=float)
+        ok = ~np.isnan(v)
+        return float((v[ok] * n[ok]).sum() / n[ok].sum()) if ok.any() else float("nan")
+
+    fuse = pool("fuse")
+    seeds = [float((np.asarray(pooled["x"])[:, s] * n).sum() / n.sum())
+             for s in range(args.seeds)]
+    print(f"{'all (pooled)':<20}{len(all_meas):>7}{int(n.sum()):>6}{_pct(fuse):>7}"
+          f"{_pct(max(fuse, 1 - fuse)):>10}{_pct(pool('a')):>8}{_pct(pool('a_cov')):>7}"
+          f"{_pct(pool('a_dec')):>8}{_mean_std(seeds):>15}{_pct(pool('x_cov')):>8}"
+          f"{_pct(pool('x_dec')):>8}{_pct(pool('m')):>7}"
+          f"{kendalltau(all_meas, all_a).statistic:>7.2f}"
+          f"{kendalltau(all_meas, all_x).statistic:>7.2f}")
+    print(f"(xgb: {args.seeds} training seeds, mean +- std; coverage and decided accuracy of "
+          f"seed 0; analytical abstains below a predicted gain of {args.margin:.0%})\n")
 
 
 def _evaluate(args) -> None:
@@ -167,28 +165,30 @@ def _evaluate(args) -> None:
     rows = [r for r in GroupDatabase(args.work_dir or default_work_dir(target)).rows()
             if not r.get("error") and r["run_secs"] and max(r["run_secs"]) < 1e9]
     # A lone reshape is a view in a model (no kernel) but was timed as a copy kernel: no
-    # ground truth for it, nor for a decision with it as a part (20 zoo, 28 synthetic pairs).
+    # ground truth for it, nor for a decision with it as a part.
     views = [r for r in rows if _features_of(r).is_view]
     rows = [r for r in rows if not _features_of(r).is_view]
     synth = [r for r in rows if models.synthetic.is_synthetic(r["model"])]
-    zoo_rows = [r for r in rows if not models.synthetic.is_synthetic(r["model"])]
+    real = [r for r in rows if not models.synthetic.is_synthetic(r["model"])]
     extra = synth if args.train_synthetic else []
-    arch = sorted({r["model"].split("@")[0] for r in zoo_rows})
-    print(f"{len(zoo_rows)} measured groups of {len({r['model'] for r in zoo_rows})} zoo "
-          f"models, {len(synth)} of {len({r['model'] for r in synth})} synthetic programs; "
-          f"training {'with' if extra else 'without'} the synthetic programs; {len(views)} lone "
+    unit_of = (models.family if args.by == "family"
+               else (lambda model: model.split("@")[0]))
+    units = sorted({unit_of(r["model"]) for r in real})
+    print(f"{len(real)} measured groups of {len({r['model'] for r in real})} model variants "
+          f"({len(units)} {args.by} units), {len(synth)} of "
+          f"{len({r['model'] for r in synth})} synthetic programs; training "
+          f"{'with' if extra else 'without'} the synthetic programs; {len(views)} lone "
           "reshapes (views in a model, timed as copies) left out\n")
-    print("Leave one zoo architecture out (small and full variants held out together):")
-    _table("held out", {a: [r for r in zoo_rows if r["model"].split("@")[0] == a] for a in arch},
-           lambda a: [r for r in zoo_rows if r["model"].split("@")[0] != a] + extra, desc,
-           args.min_records)
+    print(f"Leave one {args.by} out (every variant of it held out together):")
+    _table("held out", {u: [r for r in real if unit_of(r["model"]) == u] for u in units},
+           lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args)
     if not synth:
         return
-    print("Unseen synthetic programs (the learned model trained on the whole zoo"
+    print("Unseen synthetic programs (trained on every real model"
           + (" and the other programs):" if extra else "):"))
     programs = sorted({r["model"] for r in synth}, key=models.synthetic.seed_of)
     _table("program", {p: [r for r in synth if r["model"] == p] for p in programs},
-           lambda p: zoo_rows + [r for r in extra if r["model"] != p], desc, args.min_records)
+           lambda p: real + [r for r in extra if r["model"] != p], desc, args)
 
 
 def main(argv=None) -> int:
@@ -207,8 +207,12 @@ def main(argv=None) -> int:
                    help="measure the random programs synth-0 .. synth-N-1 instead of the zoo")
     t = sub.add_parser("train", help="train on every record and save xgb_model.json beside it")
     t.add_argument("--work-dir", default=None)
-    e = sub.add_parser("evaluate", help="leave-one-model-out: analytical vs learned")
+    e = sub.add_parser("evaluate", help="leave one family out: analytical vs learned")
     e.add_argument("--work-dir", default=None)
+    e.add_argument("--by", choices=["family", "architecture"], default="family")
+    e.add_argument("--seeds", type=int, default=5, help="learned-model training seeds")
+    e.add_argument("--margin", type=float, default=0.05,
+                   help="the analytical model abstains below this predicted gain")
     e.add_argument("--min-records", type=int, default=30)
     e.add_argument("--train-synthetic", action="store_true",
                    help="train on the synthetic programs too (default: they are test data)")

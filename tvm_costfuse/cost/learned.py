@@ -301,16 +301,17 @@ def _architecture_weights(rows: Sequence[dict]) -> np.ndarray:
     return w * len(w) / w.sum()
 
 
-def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS) -> LearnedModel:
+def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS,
+               seed: int = 0) -> LearnedModel:
     """Train on features rows (``GroupDatabase.rows()``); ``target`` is the TargetDesc that
-    prices the analytical inputs."""
+    prices the analytical inputs; ``seed`` draws the trees' row and column subsamples."""
     import xgboost as xgb
 
     x, y = rows_to_dataset(rows, target)
     models = sorted({r["model"] for r in rows})
     if len(y) == 0:
         return LearnedModel(None, 0, models=models, min_records=min_records)
-    booster = xgb.train(_PARAMS, xgb.DMatrix(x, label=y, base_margin=_margin(x),
+    booster = xgb.train(_PARAMS | {"seed": seed}, xgb.DMatrix(x, label=y, base_margin=_margin(x),
                                              weight=_architecture_weights(rows)),
                         num_boost_round=_ROUNDS)
     return LearnedModel(booster, len(y), x.min(axis=0), x.max(axis=0), models, min_records,

@@ -26,6 +26,7 @@ from .frontends import load_exported, load_onnx, load_torch
 __all__ = [
     "corpus_names",
     "display_name",
+    "family",
     "is_name",
     "load",
     "load_exported",
@@ -107,6 +108,19 @@ def load(spec: str, *, small: bool = False) -> tuple[tvm.IRModule, dict[str, np.
 def variant_name(name: str, small: bool) -> str:
     """How measurement records name a model variant: ``bert_layer``, ``bert_layer@small``."""
     return f"{name}@small" if small else name
+
+
+def family(model: str) -> str:
+    """The architecture family of a registry model or a stored variant name (``bert@small``):
+    the corpus' families, ``zoo.FAMILIES`` for the zoo, ``synthetic`` for ``synth-<seed>``."""
+    name = model.partition("@")[0]
+    if synthetic.is_synthetic(name):
+        return "synthetic"
+    if name in zoo.FAMILIES:
+        return zoo.FAMILIES[name]
+    from . import corpus  # the corpus extra; a name outside every registry raises here
+
+    return corpus.family(name)
 
 
 def load_variant(model: str) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:

@@ -328,7 +328,14 @@ _MODELS: dict[str, Callable[[bool], _Spec]] = {
     "elementwise_chain": _elementwise_chain,
 }
 
-
+# The corpus family (``corpus.FAMILIES``) each zoo model's blocks come from, so that a
+# leave-one-family-out evaluation holds a zoo model out with the real models it resembles.
+# The FFN blocks are the encoders' (GELU); the RMS norm is the LLaMA-style decoders'.
+FAMILIES: dict[str, str] = {
+    "mlp_gelu": "encoder", "attention": "encoder", "conv_bn_relu": "cnn", "resnet18": "cnn",
+    "mobilenetv2": "cnn", "bert_layer": "encoder", "gpt2_block": "decoder",
+    "layernorm_mlp": "encoder", "rmsnorm": "decoder", "elementwise_chain": "elementwise",
+}
 
 
 def names() -> list[str]:

@@ -1,0 +1,61 @@
+"""``cost.evaluation``: decisions reconstructed from measured groups, scored with abstention
+and against the trivial baselines; time ratios and rank correlation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tvm_costfuse import models
+from tvm_costfuse.cost import evaluation
+
+
+def _row(members: str, seconds: float) -> dict:
+    return {"members": list(members), "run_secs": [seconds] * 3, "model": "m"}
+
+
+# Two decisions: a+b fuses well (3 < 2 + 2), c+d does not (5 > 2 + 2).
+ROWS = [_row("a", 2.0), _row("b", 2.0), _row("ab", 3.0),
+        _row("c", 2.0), _row("d", 2.0), _row("cd", 5.0)]
+
+
+def _model(times: dict[str, float], unsure: str = ""):
+    return lambda r: (times["".join(r["members"])], "".join(r["members"]) not in unsure)
+
+
+def test_pairs_are_the_measured_splits() -> None:
+    found = {("".join(p.left["members"]), "".join(p.right["members"]), p.fuse_wins)
+             for p in evaluation.pairs(ROWS)}
+    assert found == {("a", "b", True), ("c", "d", False)}
+
+
+def test_decisions_with_baselines_margin_and_abstention() -> None:
+    pairs = evaluation.pairs(ROWS)
+    right = _model({"a": 2, "b": 2, "ab": 3.9, "c": 1, "d": 1, "cd": 3})
+    d = evaluation.decide(pairs, right)
+    assert (d.pairs, d.accuracy, d.coverage, d.decided_accuracy) == (2, 1.0, 1.0, 1.0)
+    assert d.fuse_share == 0.5 and d.best_trivial == 0.5
+    # A 2.5% predicted gain on a+b is below a 5% margin: abstained, answered by its own times.
+    d = evaluation.decide(pairs, right, margin=0.05)
+    assert (d.accuracy, d.coverage, d.decided_accuracy) == (1.0, 0.5, 1.0)
+    # Unsure of "cd": that pair is abstained and answered by the fallback, here wrongly.
+    always_fuse = _model({"a": 2, "b": 2, "ab": 1, "c": 2, "d": 2, "cd": 1})
+    unsure = _model({"a": 2, "b": 2, "ab": 3.9, "c": 1, "d": 1, "cd": 3}, unsure="cd")
+    d = evaluation.decide(pairs, unsure, fallback=always_fuse)
+    assert (d.accuracy, d.coverage, d.decided_accuracy) == (0.5, 0.5, 1.0)
+    empty = evaluation.decide([], right)
+    assert empty.pairs == 0 and math.isnan(empty.accuracy)
+
+
+def test_times_rank_and_ratio() -> None:
+    doubled = evaluation.times(ROWS, lambda r: (2 * sum(r["run_secs"]) / 3, True))
+    assert doubled.tau == pytest.approx(1.0)
+    assert doubled.ratio_p10 == doubled.ratio_median == doubled.ratio_p90 == pytest.approx(2.0)
+
+
+def test_every_zoo_model_has_a_family() -> None:
+    families = {models.family(n) for n in models.zoo.names()}
+    assert families <= {"cnn", "encoder", "decoder", "elementwise"}
+    assert models.family("bert_layer@small") == "encoder"
+    assert models.family("synth-3") == "synthetic"

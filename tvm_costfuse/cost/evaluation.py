@@ -1,0 +1,111 @@
+"""Judging a cost model on measured groups: the fusion decisions it gets right, next to the
+trivial baselines, with abstention, rank correlation and the ratio of its times to measured.
+
+A *pair* is one fusion decision reconstructed from one model's measured groups: two groups
+``left`` and ``right`` whose union was measured too. Fusing is right when the union measured
+faster than the two apart. A model decides a pair when it is confident in all three times and
+its predicted gain is at least ``margin`` of the unfused time; otherwise it abstains, which is
+counted in its coverage rather than as a guess. Accuracy over all pairs answers an abstention
+with the model's own times, confident or not: what the planner sees (the learned model prices
+the groups it falls back on analytically), so that accuracy and coverage are both honest.
+
+Accuracy alone flatters a model on a set where most pairs go one way: "always fuse" and
+"never fuse" are printed beside it, and a model is only useful where it beats the better one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import kendalltau
+
+from .learned import measured_seconds
+
+# predict(row) -> (seconds, confident): a model's time for a measured group's features.
+Predictor = Callable[[dict], tuple[float, bool]]
+
+
+@dataclass(frozen=True)
+class Pair:
+    left: dict
+    right: dict
+    union: dict
+
+    @property
+    def fuse_wins(self) -> bool:
+        return measured_seconds(self.union) < (measured_seconds(self.left)
+                                               + measured_seconds(self.right))
+
+
+def pairs(rows: Sequence[dict]) -> list[Pair]:
+    """Every split of a measured group into two measured groups, among one model's rows."""
+    by_key = {frozenset(r["members"]): r for r in rows}
+    out = []
+    for union, u_row in by_key.items():
+        if len(union) < 2:
+            continue
+        for left, l_row in by_key.items():
+            right = union - left
+            if left < union and right in by_key and min(left) < min(right):
+                out.append(Pair(l_row, by_key[right], u_row))
+    return out
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """How one model decided a set of pairs."""
+
+    pairs: int
+    fuse_share: float  # of pairs where fusing measured faster: "always fuse"'s accuracy
+    accuracy: float  # every pair, an abstention answered by the fallback
+    coverage: float  # share of pairs decided without abstaining
+    decided_accuracy: float  # accuracy on the decided pairs (NaN when none)
+
+    @property
+    def best_trivial(self) -> float:
+        return max(self.fuse_share, 1.0 - self.fuse_share)
+
+
+def decide(pair_list: Sequence[Pair], predict: Predictor, fallback: Predictor | None = None,
+           margin: float = 0.0) -> Decisions:
+    """``predict``'s decisions on ``pair_list`` (see the module docstring); ``fallback``
+    (default: ``predict``'s own times, ignoring confidence) answers the abstentions."""
+    fallback = fallback or predict
+    right = decided = decided_right = 0
+    for p in pair_list:
+        (u, cu), (a, ca), (b, cb) = (predict(r) for r in (p.union, p.left, p.right))
+        sure = cu and ca and cb and abs(a + b - u) >= margin * (a + b)
+        if sure:
+            decided += 1
+            decided_right += (u < a + b) == p.fuse_wins
+            right += (u < a + b) == p.fuse_wins
+        else:
+            fu, fa, fb = (fallback(r)[0] for r in (p.union, p.left, p.right))
+            right += (fu < fa + fb) == p.fuse_wins
+    n = len(pair_list)
+    fuse = sum(p.fuse_wins for p in pair_list)
+    nan = float("nan")
+    return Decisions(n, fuse / n if n else nan, right / n if n else nan,
+                     decided / n if n else nan, decided_right / decided if decided else nan)
+
+
+@dataclass(frozen=True)
+class Times:
+    """A model's kernel times against the measured ones, over a set of groups."""
+
+    tau: float  # Kendall rank correlation
+    ratio_p10: float  # predicted / measured: 10th percentile, median, 90th
+    ratio_median: float
+    ratio_p90: float
+
+
+def times(rows: Sequence[dict], predict: Predictor) -> Times:
+    measured = np.asarray([measured_seconds(r) for r in rows])
+    predicted = np.asarray([predict(r)[0] for r in rows])
+    if len(rows) < 2:
+        return Times(float("nan"), float("nan"), float("nan"), float("nan"))
+    p10, p50, p90 = np.percentile(predicted / measured, [10, 50, 90])
+    return Times(float(kendalltau(measured, predicted).statistic), float(p10), float(p50),
+                 float(p90))
