@@ -145,3 +145,29 @@ def test_failed_records_are_not_training_data():
     rows[0]["run_secs"], rows[0]["error"] = [1e10], "build: boom"
     x, y = learned.rows_to_dataset(rows, TARGET)
     assert len(y) == 39 and x.shape[1] == len(learned.input_names())
+
+
+def test_a_host_without_a_model_is_served_another_hosts_or_analytical(tmp_path, monkeypatch,
+                                                                       caplog):
+    """A fresh host: another llvm host's trained model serves it, saying so; with none, the
+    planner plans analytically. Neither is an error."""
+    here = tmp_path / "tuning_logs" / "llvm-thishost" / "groups"
+    monkeypatch.setattr(learned, "_target_work_dir", lambda _target: here)
+    with caplog.at_level("WARNING"):
+        alone = learned.load_learned(TARGET)
+    assert not alone.usable and "answer analytically" in caplog.text
+    other = tmp_path / "tuning_logs" / "llvm-otherhost" / "groups"
+    trained = learned.train_rows(_rows(120), TARGET)
+    trained.save(other)
+    learned.train_rows(_rows(40, seed=1), TARGET).save(tmp_path / "tuning_logs" / "llvm-small" /
+                                                       "groups")
+    (tmp_path / "tuning_logs" / "cuda-sm_90" / "groups").mkdir(parents=True)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        served = learned.load_learned(TARGET)
+    assert "serving the one trained on llvm-otherhost" in caplog.text  # the most records
+    assert served.usable and served.n_records == 120
+    f = _row_features(_rows(120)[0])
+    assert served(f, TARGET).seconds == trained(f, TARGET).seconds
+    graph = build_graph(prepared("mlp_gelu")[0])
+    assert plan_greedy(graph, TARGET, FusionConfig(), served).groups

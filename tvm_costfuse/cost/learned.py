@@ -346,6 +346,23 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     return model
 
 
+def _other_host_model(work_dir: Path) -> Path | None:
+    """The trained model of another host of the same target kind (``tuning_logs/llvm-*``),
+    the one trained on the most records; None when there is none or it cannot be read.
+
+    The trees learn a correction of the analytical model's log-time (its estimate is their
+    base margin and an input), and the analytical model prices with the serving host's own
+    description: the correction, not the other machine's absolute times, is what carries."""
+    kind = work_dir.parent.name.split("-")[0]
+    found = []
+    for meta in sorted(work_dir.parent.parent.glob(f"{kind}-*/groups/{META_FILE}")):
+        try:
+            found.append((read_meta(meta.parent)["n_records"], meta.parent))
+        except ModelFileError:
+            continue
+    return max(found, key=lambda f: f[0])[1] if found else None
+
+
 def load_learned(target, work_dir: str | Path | None = None) -> LearnedModel:
     """The learned model for ``target`` (a TargetDesc), as a callable like
     ``analytical.estimate``.
@@ -353,11 +370,22 @@ def load_learned(target, work_dir: str | Path | None = None) -> LearnedModel:
     Loads ``xgb_model.json`` from ``work_dir`` (default ``tuning_logs/<kind>-<arch>/groups``);
     when only measurements are there, or the saved model is stale (other inputs, no coverage
     points) or unreadable, trains in memory and says so (nothing is written: ``train`` saves).
-    With no data at all, every query falls back to the analytical model (and says so); an
-    unreadable model without measurements to retrain from raises :class:`ModelFileError`.
+    With nothing for this host in the default folder, another host's trained model of the
+    same kind serves (and says so); with no data at all, every query falls back to the
+    analytical model (and says so); an unreadable model without measurements to retrain from
+    raises :class:`ModelFileError`.
     """
+    default = work_dir is None
     work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
     measured = (work_dir / "features.jsonl").exists()
+    if default and not measured and not (work_dir / META_FILE).exists():
+        other = _other_host_model(work_dir)
+        if other is not None:
+            _log.warning("no learned model for this host (%s): serving the one trained on %s; "
+                         "its trees correct the analytical model, which prices with this "
+                         "host's description (`costfuse tune` trains one here)",
+                         work_dir.parent.name, other.parent.name)
+            return LearnedModel.load(other)
     if (work_dir / META_FILE).exists():
         try:
             why = _stale(work_dir)

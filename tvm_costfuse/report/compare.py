@@ -29,7 +29,6 @@ import tvm
 
 from .. import models
 from ..config import FusionConfig, register_config_keys
-from ..cost import learned
 from ..cost.extract import group_features
 from ..graph import OpGraph, build_graph
 from ..measurement.timing import interleaved_medians, max_mismatch, run
@@ -74,16 +73,6 @@ def _split(strategy: str) -> tuple[str, dict]:
     return split_strategy(strategy)
 
 
-def _check_learned(desc: TargetDesc) -> None:
-    """Raise unless a trained learned model exists for ``desc`` (no silent training here)."""
-    meta = learned.model_path(desc).parent / learned.META_FILE
-    if not meta.exists():
-        raise RuntimeError(
-            f"no trained xgb model for {desc.name} ({desc.arch}): {meta} is missing "
-            "(record measurements and train it with `costfuse tune`)"
-        )
-
-
 def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
                     desc: TargetDesc) -> list[list[str]]:
     """The partition ``strategy`` fuses (groups of binding names), without building."""
@@ -95,8 +84,6 @@ def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
         return fuseops_groups(prepared)
     if base == "rules":
         return rules_groups(graph, cfg)
-    if config.get("cost_model") == "xgb":
-        _check_learned(desc)
     return [list(g) for g in plan_module(prepared, desc, cfg).groups]
 
 
