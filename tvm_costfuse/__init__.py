@@ -26,7 +26,8 @@ schema (``cost/features.py``), which the learned model reads; a schedule rule go
 target is a preset in ``targets/desc.py``; a model or a frontend goes in ``models/``.
 
 Importing the package registers the ``costfuse.*`` PassContext keys and the named pipeline
-``"costfuse"``, and sizes TVM's runtime thread pool like the targets it compiles for (below).
+``"costfuse"``, registers the host calibration measured on first use (``targets.calibration``),
+and sizes TVM's runtime thread pool like the targets it compiles for (below).
 """
 
 import os
@@ -42,6 +43,7 @@ os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 from . import models
 from .config import FusionConfig, register_config_keys
 from .graph import OpGraph, build_graph
+from .measurement import calibrate as _calibrate  # noqa: F401  (registers first-use calibration)
 from .models import load_exported, load_onnx, load_torch
 from .partition import ApplyPartition, PartitionError, apply_partition, fuseops_groups
 from .pipelines import build_pipeline, pipeline, prepare, register_named_pipeline

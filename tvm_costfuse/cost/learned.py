@@ -38,7 +38,14 @@ from ..tuning.database import GroupDatabase, default_work_dir
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
 from .features import FEATURE_NAMES, GroupFeatures
-from .learned_files import ModelFileError, read_meta, unreadable, write_atomically
+from .learned_files import (
+    META_FILE,
+    ModelFileError,
+    other_host_model,
+    read_meta,
+    unreadable,
+    write_atomically,
+)
 
 __all__ = ["NEAR", "LearnedModel", "ModelFileError", "load_learned", "model_path",
            "rows_to_dataset", "train", "train_rows"]
@@ -53,7 +60,6 @@ RANGE_MARGIN = 1.0
 LEARNED_CONFIDENCE = 0.8
 FALLBACK_CONFIDENCE = 0.1
 MODEL_FILE = "xgb_model.json"
-META_FILE = "xgb_model.meta.json"
 _FAILED = 1e9  # run_secs at or above this are failed records (meta-schedule writes 1e10)
 _SCHEDULES = FINAL
 _TERMS = ("launch", "memory", "compute", "spill")
@@ -346,23 +352,6 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     return model
 
 
-def _other_host_model(work_dir: Path) -> Path | None:
-    """The trained model of another host of the same target kind (``tuning_logs/llvm-*``),
-    the one trained on the most records; None when there is none or it cannot be read.
-
-    The trees learn a correction of the analytical model's log-time (its estimate is their
-    base margin and an input), and the analytical model prices with the serving host's own
-    description: the correction, not the other machine's absolute times, is what carries."""
-    kind = work_dir.parent.name.split("-")[0]
-    found = []
-    for meta in sorted(work_dir.parent.parent.glob(f"{kind}-*/groups/{META_FILE}")):
-        try:
-            found.append((read_meta(meta.parent)["n_records"], meta.parent))
-        except ModelFileError:
-            continue
-    return max(found, key=lambda f: f[0])[1] if found else None
-
-
 def load_learned(target, work_dir: str | Path | None = None) -> LearnedModel:
     """The learned model for ``target`` (a TargetDesc), as a callable like
     ``analytical.estimate``.
@@ -379,7 +368,7 @@ def load_learned(target, work_dir: str | Path | None = None) -> LearnedModel:
     work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
     measured = (work_dir / "features.jsonl").exists()
     if default and not measured and not (work_dir / META_FILE).exists():
-        other = _other_host_model(work_dir)
+        other = other_host_model(work_dir)
         if other is not None:
             _log.warning("no learned model for this host (%s): serving the one trained on %s; "
                          "its trees correct the analytical model, which prices with this "

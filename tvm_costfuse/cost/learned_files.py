@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["ModelFileError", "read_meta", "unreadable", "write_atomically"]
+__all__ = ["ModelFileError", "other_host_model", "read_meta", "unreadable", "write_atomically"]
 
 
 class ModelFileError(RuntimeError):
@@ -22,8 +22,11 @@ def unreadable(path: Path, why: str) -> ModelFileError:
         "`scripts/eval_cost_model.py train`)")
 
 
+META_FILE = "xgb_model.meta.json"
+
+
 def read_meta(work_dir: Path) -> dict:
-    path = work_dir / "xgb_model.meta.json"
+    path = work_dir / META_FILE
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -39,3 +42,21 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f"{path.stem}.tmp{path.suffix}")
     write(tmp)
     os.replace(tmp, path)
+
+
+def other_host_model(work_dir: Path) -> Path | None:
+    """The folder of another host's trained model of the same target kind as ``work_dir``
+    (``tuning_logs/llvm-<cpu>/groups``): the one trained on the most records; None if none
+    can be read.
+
+    The trees learn a correction of the analytical model's log-time (its estimate is their
+    base margin and an input), and the analytical model prices with the serving host's own
+    description: the correction, not the other machine's absolute times, is what carries."""
+    kind = work_dir.parent.name.split("-")[0]
+    found = []
+    for meta in sorted(work_dir.parent.parent.glob(f"{kind}-*/groups/{META_FILE}")):
+        try:
+            found.append((read_meta(meta.parent)["n_records"], meta.parent))
+        except ModelFileError:
+            continue
+    return max(found, key=lambda f: f[0])[1] if found else None

@@ -3,6 +3,7 @@
 - ``desc`` -- :class:`TargetDesc`, the frozen machine figures, and the GPU presets;
 - ``machine`` -- the host CPU's description (sysfs, LLVM, calibration record);
 - ``calibration`` -- the calibration records per CPU and core count, measured on first use;
+- ``cpu_id`` -- which CPU this is (LLVM name, model string), what both are keyed by;
 - ``isa``  -- cores, SIMD width and vector registers of an LLVM target, read by schedules too.
 
 :func:`resolve` takes a preset name (``host``, ``h100``, ``h200``, ``a100``; ``llvm`` and
@@ -21,6 +22,7 @@ import tvm
 
 from . import isa
 from .calibration import CALIBRATION_PATH, load_calibration, save_calibration
+from .cpu_id import host_cpu, host_cpu_model
 from .desc import (
     A100,
     CPU,
@@ -34,7 +36,7 @@ from .desc import (
     TargetDesc,
     cuda_target,
 )
-from .machine import host, host_caches, host_cpu, host_cpu_model, host_target
+from .machine import host, host_caches, host_target
 
 __all__ = [
     "A100", "CALIBRATION_PATH", "CPU", "CUDA", "H100", "H200", "KiB", "MiB", "Target",

@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+
+from .cpu_id import host_cpu, host_cpu_model
 
 _log = logging.getLogger(__name__)
 
@@ -66,8 +69,6 @@ def load_calibration(path: str | os.PathLike | None = None,
                      num_cores: int | None = None) -> dict | None:
     """The saved record measured on this CPU (LLVM name and model), with ``num_cores`` cores
     when given (else the one with the most cores); None when there is none."""
-    from .machine import host_cpu, host_cpu_model
-
     path = Path(path).expanduser() if path else CALIBRATION_PATH
     if str(path) == "none" or not path.is_file():
         return None
@@ -75,6 +76,17 @@ def load_calibration(path: str | os.PathLike | None = None,
             if r.get("cpu") == host_cpu() and r.get("cpu_model") == host_cpu_model()
             and num_cores in (None, r.get("num_cores"))]
     return max(mine, key=lambda r: r.get("num_cores") or 0, default=None)
+
+
+# How a record is measured on first use: ``measurement.calibrate`` registers its quick
+# measurement here when it is imported (the package imports it), since targets sit below
+# measurement. A function returning (record, other processes' cores meanwhile).
+_measure: Callable[[int], tuple[dict, float]] | None = None
+
+
+def measure_on_first_use(measure: Callable[[int], tuple[dict, float]]) -> None:
+    global _measure
+    _measure = measure
 
 
 def calibrated_on_first_use(num_cores: int) -> dict | None:
@@ -85,22 +97,19 @@ def calibrated_on_first_use(num_cores: int) -> dict | None:
     record = load_calibration(CALIBRATION_PATH, num_cores)
     if record is not None:
         return record
-    from .machine import host_cpu
-
     key = (host_cpu(), num_cores)
     if key not in _measured:
-        from ..measurement.calibrate import measure
-        from ..measurement.quiet import OtherLoad
-
+        if _measure is None:
+            raise RuntimeError("no calibration measurement registered: import "
+                               "tvm_costfuse (it registers measurement.calibrate's)")
         _log.warning("calibrating this host once (%s, %d cores: a few seconds) for the cost "
                      "model; cached in %s, `costfuse calibrate` measures it again",
                      host_cpu(), num_cores, CALIBRATION_PATH)
-        with OtherLoad() as load:
-            record = measure(num_cores, quick=True)
-        record["other_load_cores"] = load.cores
-        if load.cores > DISTURBED_CORES:
+        record, others = _measure(num_cores)
+        record["other_load_cores"] = others
+        if others > DISTURBED_CORES:
             _log.warning("other processes kept %.1f cores busy while calibrating: the figures "
-                         "price this process' plans but are not cached", load.cores)
+                         "price this process' plans but are not cached", others)
         else:
             save_calibration(record, CALIBRATION_PATH)
         _measured[key] = record

@@ -15,6 +15,7 @@ import tvm
 
 from . import isa
 from .calibration import calibrated_on_first_use, load_calibration
+from .cpu_id import host_cpu
 from .desc import CPU, KiB, MiB, TargetDesc
 
 _SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
@@ -30,22 +31,6 @@ _DEFAULT_LAUNCH_S = 1e-5
 # A serial call_tir costs the VM's dispatch alone: calibrate measured 0.14 us on a quiet
 # 2-vCPU Zen 4 (against 6.3 us for a parallel one); rounded up.
 _DEFAULT_LAUNCH_SERIAL_S = 2e-7
-
-
-def host_cpu() -> str:
-    """LLVM's name for this CPU (``mcpu="native"`` silently means generic SSE2 in TVM 0.27)."""
-    return str(tvm.target.codegen.llvm_get_system_cpu())
-
-
-def host_cpu_model() -> str:
-    """The ``model name`` line of /proc/cpuinfo ("" when absent)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def host_target(num_cores: int | None = None) -> tvm.target.Target:
