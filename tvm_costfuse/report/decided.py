@@ -41,8 +41,22 @@ class Difference:
 def differences(graph: OpGraph, desc: TargetDesc, config: FusionConfig,
                 fuseops: Sequence[Sequence[str]],
                 costfuse: Sequence[Sequence[str]]) -> list[Difference]:
-    """The clusters where the two partitions' kernels differ, in program order."""
+    """The clusters where the two partitions' kernels differ, in program order.
+
+    Kernels are compared by their cores: without reshape-like ops, and without ops that are a
+    view (no kernel) in either partition. A reshape fused into a kernel in one partition and
+    left as a view in the other moves no computation, and would otherwise show as a
+    difference in nearly every transformer layer."""
     theirs, ours = kernels_of(graph, fuseops), kernels_of(graph, costfuse)
+    in_kernel = [{n for k in side for n in k} for side in (theirs, ours)]
+    moved = in_kernel[0] ^ in_kernel[1]
+
+    def cores(kernels: list[Kernel]) -> list[Kernel]:
+        kept = (tuple(n for n in k if n not in moved and not graph[n].reshape_like)
+                for k in kernels)
+        return [k for k in kept if k]
+
+    theirs, ours = cores(theirs), cores(ours)
     shared = set(theirs) & set(ours)
     theirs = [k for k in theirs if k not in shared]
     ours = [k for k in ours if k not in shared]
