@@ -134,3 +134,18 @@ def test_the_default_demo_shows_a_decision_that_differs_from_fuseops(capsys) -> 
     out = capsys.readouterr().out
     assert out.startswith("model elementwise_chain,")
     assert "CostFuse decided 1 region(s) differently from FuseOps" in out and "  split [" in out
+
+
+def test_a_reshape_left_as_a_view_is_no_difference() -> None:
+    from tvm_costfuse.config import FusionConfig
+    from tvm_costfuse.partition import fuseops_groups
+    from tvm_costfuse.report.decided import differences
+    from tvm_costfuse.targets import preset
+
+    mod = prepared("bert_layer")[0]
+    graph = build_graph(mod)
+    fuseops = fuseops_groups(mod)
+    without_reshapes = [[n for n in g if not graph[n].reshape_like] for g in fuseops]
+    assert without_reshapes != fuseops  # FuseOps does fuse reshapes into bert_layer's kernels
+    assert differences(graph, preset("h100"), FusionConfig.resolve(), fuseops,
+                       without_reshapes) == []
