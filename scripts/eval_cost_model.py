@@ -21,6 +21,10 @@ held-out family's measured groups (``cost.evaluation``):
 Then the same on each measured synthetic program (``synth-<seed>``, never trained on by
 default); ``--train-synthetic`` adds the other programs to every training set.
     python scripts/eval_cost_model.py evaluate [--by family|architecture] [--seeds 5]
+label: time each final decision of CostFuse's plan inside the whole model, fused and split
+with the rest of the plan fixed (``tuning.in_model``); ``evaluate`` then also scores every
+model on these in-model labels, and says how often the isolated timings agree with them:
+    python scripts/eval_cost_model.py label --size small --models bert wav2vec2
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ import sys
 
 import numpy as np
 from scipy.stats import kendalltau
+from tvm_costfuse.schedules import schedule_pass
 
 from tvm_costfuse import models
+from tvm_costfuse.config import FusionConfig
 from tvm_costfuse.cost import evaluation
 from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.learned import (
@@ -43,7 +49,10 @@ from tvm_costfuse.cost.learned import (
     train_rows,
 )
 from tvm_costfuse.cost.measured import MeasuredModel
+from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.targets import for_target, host_target
+from tvm_costfuse.transform import plan_module
+from tvm_costfuse.tuning import in_model
 from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
 from tvm_costfuse.tuning.feedback import MeasureConfig, measure_model
 
@@ -159,6 +168,52 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
           f"seed 0; analytical abstains below a predicted gain of {args.margin:.0%})\n")
 
 
+def _label(args) -> None:
+    target = host_target()
+    desc = for_target(target)
+    work_dir = args.work_dir or default_work_dir(target)
+    for size in args.size:
+        for name in args.models or models.zoo.names():
+            model = models.variant_name(name, size == "small")
+            mod, inputs = models.load(name, small=size == "small")
+            prepared = prepare(mod, target)
+            plan = plan_module(prepared, desc, FusionConfig.resolve())
+            print(f"{model}:", flush=True)
+            records = in_model.label_decisions(model, mod, prepared, plan, inputs, target,
+                                               work_dir, schedule_pass(target), args.repeat,
+                                               args.max_decisions,
+                                               log=lambda m: print(m, flush=True))
+            agree = sum((r["fused_s"] < r["split_s"]) == r["accepted"] for r in records)
+            print(f"{model}: {len(records)} decisions timed in the model, the planner's "
+                  f"verdict right on {agree}", flush=True)
+
+
+def _in_model_table(records: list[dict], real: list[dict], unit_of, desc, args) -> None:
+    """Each family's in-model decisions, scored by models trained without that family, and
+    how often the kernels' isolated timings (where all three were measured) agree."""
+    isolated = {(r["model"], frozenset(r["members"])): r for r in real}
+    print(f"{'held out':<20}{'pairs':>6}{'fuse%':>7}{'best triv':>10}{'analyt':>8}"
+          f"{'xgb mean+-std':>15}{'isolated agrees':>17}")
+    for unit in sorted({unit_of(r["model"]) for r in records}):
+        held = [r for r in records if unit_of(r["model"]) == unit]
+        analytical, _, learned = _predictors(
+            [r for r in real if unit_of(r["model"]) != unit], desc, args.min_records,
+            args.seeds)
+        pairs = evaluation.in_model_pairs(held)
+        a = evaluation.decide(pairs, analytical)
+        xs = [evaluation.decide(pairs, f) for f in learned]
+        both = []
+        for r in held:
+            rows = [isolated.get((r["model"], frozenset(r[k]["members"])))
+                    for k in ("left", "right", "union")]
+            if all(rows):
+                both.append(evaluation.Pair(*rows).fuse_wins == (r["fused_s"] < r["split_s"]))
+        agrees = f"{sum(both)}/{len(both)}" if both else "n/a"
+        print(f"{unit:<20}{a.pairs:>6}{_pct(a.fuse_share):>7}{_pct(a.best_trivial):>10}"
+              f"{_pct(a.accuracy):>8}{_mean_std([x.accuracy for x in xs]):>15}{agrees:>17}")
+    print()
+
+
 def _evaluate(args) -> None:
     target = host_target()
     desc = for_target(target)
@@ -182,6 +237,11 @@ def _evaluate(args) -> None:
     print(f"Leave one {args.by} out (every variant of it held out together):")
     _table("held out", {u: [r for r in real if unit_of(r["model"]) == u] for u in units},
            lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args)
+    labels = in_model.read_labels(args.work_dir or default_work_dir(target))
+    if labels:
+        print(f"In-model labels ({len(labels)} final decisions, each timed fused and split "
+              "inside its model; `label` records them):")
+        _in_model_table(labels, real, unit_of, desc, args)
     if not synth:
         return
     print("Unseen synthetic programs (trained on every real model"
@@ -205,6 +265,12 @@ def main(argv=None) -> int:
     m.add_argument("--work-dir", default=None)
     m.add_argument("--synthetic", type=int, default=0, metavar="N",
                    help="measure the random programs synth-0 .. synth-N-1 instead of the zoo")
+    lb = sub.add_parser("label", help="time each final decision of the plan inside the model")
+    lb.add_argument("--models", nargs="*", default=None)
+    lb.add_argument("--size", nargs="+", choices=["small", "full"], default=["small"])
+    lb.add_argument("--max-decisions", type=int, default=None)
+    lb.add_argument("--repeat", type=int, default=5)
+    lb.add_argument("--work-dir", default=None)
     t = sub.add_parser("train", help="train on every record and save xgb_model.json beside it")
     t.add_argument("--work-dir", default=None)
     e = sub.add_parser("evaluate", help="leave one family out: analytical vs learned")
@@ -219,6 +285,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "measure":
         _measure(args)
+    elif args.cmd == "label":
+        _label(args)
     elif args.cmd == "train":
         work_dir = args.work_dir or default_work_dir(host_target())
         model = train(work_dir, for_target(host_target()))

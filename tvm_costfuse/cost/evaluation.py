@@ -29,14 +29,26 @@ Predictor = Callable[[dict], tuple[float, bool]]
 
 @dataclass(frozen=True)
 class Pair:
+    """Feature rows of the two parts and their union; the label is the kernels' isolated
+    times, or ``in_model`` (fused faster inside the whole model) where that was measured."""
+
     left: dict
     right: dict
     union: dict
+    in_model: bool | None = None
 
     @property
     def fuse_wins(self) -> bool:
+        if self.in_model is not None:
+            return self.in_model
         return measured_seconds(self.union) < (measured_seconds(self.left)
                                                + measured_seconds(self.right))
+
+
+def in_model_pairs(records: Sequence[dict]) -> list[Pair]:
+    """``tuning.in_model`` records as pairs labelled by the in-model times."""
+    return [Pair(r["left"], r["right"], r["union"], r["fused_s"] < r["split_s"])
+            for r in records]
 
 
 def pairs(rows: Sequence[dict]) -> list[Pair]:

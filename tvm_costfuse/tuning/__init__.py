@@ -3,6 +3,7 @@
 - ``database``     -- meta-schedule ``JSONDatabase`` per target plus the features log;
 - ``integrity``    -- one writer per folder (a file lock), repair of what a kill leaves;
 - ``feedback``     -- candidate groups of a model, measured and recorded;
+- ``in_model``     -- a plan's final decisions, each timed fused and split inside the model;
 - ``runners``      -- build and time one kernel (locally, over RPC, on a GPU);
 - ``metaschedule`` -- meta-schedule tuning of fused kernels and the pipeline that applies it.
 """
