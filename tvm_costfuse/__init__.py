@@ -11,7 +11,8 @@ Stages, in the order a module flows through them:
 - ``cost``       -- group features, the analytical, learned and measured cost models.
 - ``legality``   -- ``can_fuse``: may a group share a kernel under the config's caps.
 - ``planner``    -- greedy priority fusion (and exact search on small graphs) over the model;
-                    ``quotient`` is the graph of its groups, kept acyclic (each group convex).
+                    ``quotient`` is the graph of its groups, kept acyclic (each group convex);
+                    ``regions`` takes FuseOps' grouping where it is predicted cheaper.
 - ``partition``  -- ``apply_partition``: any legal grouping -> FuseOps-style grouped functions
                     (the rewrite itself in ``fusor``).
 - ``transform``  -- the ``CostFuse`` pass in FuseOps' place; ``config`` holds its knobs.

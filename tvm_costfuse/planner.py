@@ -64,7 +64,7 @@ class FusionPlan:
         return len(self.estimates)
 
 
-class _Pricer:
+class Pricer:
     """Cost-model queries, memoized per group (the planner asks about the same sets often).
 
     ``estimate`` is all a candidate's place in the queue needs; the verdict is asked only of
@@ -155,7 +155,7 @@ def plan_greedy(
 ) -> FusionPlan:
     """Greedy priority fusion. ``frozen`` groups are fixed units the planner never merges
     (regions left to FuseOps)."""
-    price = _Pricer(graph, target, config, model)
+    price = Pricer(graph, target, config, model)
     frozen_units = [frozenset(g) for g in frozen]
     q = Quotient(graph, initial_units(graph, frozen_units))
     if len(q.rank) != len(q.members):
@@ -214,12 +214,12 @@ def plan_greedy(
 
 def plan_cost(graph: OpGraph, target, config, groups, model: Model | None = None) -> float:
     """Predicted total seconds of a partition (ops in no group run alone)."""
-    price = _Pricer(graph, target, config, model)
+    price = Pricer(graph, target, config, model)
     q = Quotient(graph, initial_units(graph, groups))
     return sum(price(u)[0].seconds for g, u in q.members.items() if g not in q.pinned)
 
 
-def _exact_partition(graph: OpGraph, price: _Pricer, units: list[frozenset],
+def _exact_partition(graph: OpGraph, price: Pricer, units: list[frozenset],
                      others: list[frozenset]) -> list[frozenset]:
     """The cheapest legal partition of ``units`` with the groups ``others`` fixed around them
     (convexity is checked against the whole graph), by enumerating set partitions."""
@@ -275,7 +275,7 @@ def plan_exact(graph: OpGraph, target, config, model: Model | None = None,
     as greedy made them; the plan's notes say how much was searched exactly. ``frozen``
     groups are fixed units (regions left to FuseOps).
     """
-    price = _Pricer(graph, target, config, model)
+    price = Pricer(graph, target, config, model)
     frozen_units = [frozenset(g) for g in frozen]
     units = [u for u in initial_units(graph, frozen_units) if u not in frozen_units]
     notes: tuple[str, ...] = ()
