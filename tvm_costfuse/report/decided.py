@@ -16,6 +16,7 @@ from ..config import FusionConfig
 from ..cost.analytical import estimate
 from ..cost.extract import group_features
 from ..graph import OpGraph
+from ..regions import differing_regions
 from ..targets import TargetDesc
 from .explain import kernels_of
 
@@ -56,32 +57,19 @@ def differences(graph: OpGraph, desc: TargetDesc, config: FusionConfig,
                 for k in kernels)
         return [k for k in kept if k]
 
-    theirs, ours = cores(theirs), cores(ours)
-    shared = set(theirs) & set(ours)
-    theirs = [k for k in theirs if k not in shared]
-    ours = [k for k in ours if k not in shared]
-    # Union-find over ops: every kernel joins its ops, so overlapping kernels share a root.
-    parent: dict[str, str] = {}
+    regions = differing_regions([frozenset(k) for k in cores(ours)],
+                                [frozenset(k) for k in cores(theirs)])
 
-    def root(n: str) -> str:
-        while parent.setdefault(n, n) != n:
-            parent[n] = parent[parent[n]]
-            n = parent[n]
-        return n
+    def kernels(units) -> tuple[Kernel, ...]:
+        return tuple(sorted((tuple(sorted(u, key=lambda n: graph[n].index)) for u in units),
+                            key=lambda k: graph[k[0]].index))
 
-    for kernel in (*theirs, *ours):
-        for op in kernel[1:]:
-            parent[root(op)] = root(kernel[0])
-    clusters: dict[str, tuple[list[Kernel], list[Kernel]]] = {}
-    for side, kernels in ((0, theirs), (1, ours)):
-        for k in kernels:
-            clusters.setdefault(root(k[0]), ([], []))[side].append(k)
-
-    def seconds(kernels: list[Kernel]) -> float:
+    def seconds(ks: tuple[Kernel, ...]) -> float:
         return sum(estimate(group_features(graph, k), desc, config.register_budget).seconds
-                   for k in kernels)
+                   for k in ks)
 
-    out = [Difference(tuple(a), tuple(b), seconds(a), seconds(b)) for a, b in clusters.values()]
+    out = [Difference(kernels(b), kernels(a), seconds(kernels(b)), seconds(kernels(a)))
+           for a, b in regions]
     return sorted(out, key=lambda d: min(graph[k[0]].index for k in (*d.fuseops, *d.costfuse)))
 
 
