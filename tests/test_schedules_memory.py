@@ -59,6 +59,14 @@ CASES = {
         {"x": (7, 100)}, lambda x: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * _W),
     "gelu_150": (lambda bb, x: OP.nn.gelu(x), {"x": (3, 7, 150)},
                  lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2)))),
+    # GPT-2's GELU as its modeling code writes it: pow(x, 3.0) becomes two multiplies
+    "gelu_tanh_pow_150": (
+        lambda bb, x: OP.multiply(OP.multiply(x, relax.const(0.5, "float32")), OP.add(
+            relax.const(1.0, "float32"), OP.tanh(OP.multiply(relax.const(0.7978845608, "float32"),
+                OP.add(x, OP.multiply(relax.const(0.044715, "float32"),
+                                      OP.power(x, relax.const(3.0, "float32")))))))),
+        {"x": (3, 150)},
+        lambda x: 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))),
     "add_tanh_3199": (lambda bb, x: OP.tanh(OP.add(x, x)), {"x": (1, 16, 3199)},
                       lambda x: np.tanh(2 * x)),
 }
@@ -74,12 +82,16 @@ def test_ragged_rows_match_numpy(name, target):
     np.testing.assert_allclose(run(ex, inputs)[0], want, rtol=1e-4, atol=1e-5)
 
 
+def _kernel_of(build, shape, target=AVX512) -> tirx.PrimFunc:
+    """The last fused PrimFunc FuseOps makes of ``build`` on one input of ``shape``."""
+    fused = fuse(_graph(build, {"x": shape})[0], target, relax.transform.FuseOps())
+    return [f for _, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)][-1]
+
+
 def _kernel(name: str, target) -> tirx.PrimFunc:
-    """The fused PrimFunc of case ``name`` whose name FuseOps derived from ``op``."""
+    """Case ``name``'s reduction kernel (or its one elementwise kernel): FuseOps puts it last."""
     build, shapes, _ = CASES[name]
-    fused = fuse(_graph(build, shapes)[0], target, relax.transform.FuseOps())
-    funcs = [f for _, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
-    return funcs[-1]  # the reduction (or the one elementwise kernel) comes last
+    return _kernel_of(build, shapes["x"], target)
 
 
 def _vector_ops(func: tirx.PrimFunc, target, reg: str) -> set[str]:
@@ -128,3 +140,13 @@ def test_ragged_elementwise_row_is_vectors_and_a_tail(target, lanes):
     vec = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
     assert [int(lp.extent) for lp in vec] == [lanes]
     assert any(PARTITION_HINT in lp.annotations for lp in _loops(func))
+
+
+@pytest.mark.parametrize(("exponent", "kept"), [(2.0, False), (3.0, False), (4.0, False),
+                                                (2.5, True), (5.0, True)])
+def test_small_integer_powers_become_multiplies(exponent, kept):
+    from tvm_costfuse.schedules.fast_math import fast_math_pass
+
+    func = _kernel_of(lambda bb, x: OP.power(x, relax.const(exponent, "float32")), (4, 64))
+    out = fast_math_pass(tvm.IRModule({"k": func}))["k"].script()
+    assert ("T.pow(" in out) == kept
