@@ -168,7 +168,7 @@ def _kernel_kind(func: tvm.tirx.PrimFunc, target) -> str | None:
 
 def _standalone(func: tvm.tirx.PrimFunc) -> tuple[tvm.IRModule, list, list]:
     """A Relax ``main`` calling ``func`` once: (module, input (shape, dtype)s, outputs')."""
-    params = [func.buffer_map[p] for p in func.params]
+    params = list(func.params)  # buffers, in TVM 0.27
     n_out = int(func.attrs["num_outputs"]) if func.attrs and "num_outputs" in func.attrs else 1
     ins, outs = params[:-n_out], params[-n_out:]
 
