@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 OP = relax.op
@@ -200,7 +201,7 @@ def corpus_kernels(names: list[str], target, rng) -> list[tuple[str, str, tvm.IR
         for gv, func in fused.functions_items():
             if not isinstance(func, tvm.tirx.PrimFunc):
                 continue
-            key = tvm.ir.structural_hash(func.without_attr("global_symbol"))
+            key = tvm_ffi.structural_hash(func.without_attr("global_symbol"))
             if key in seen:
                 continue
             seen.add(key)
