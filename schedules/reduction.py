@@ -14,6 +14,7 @@ from ._common import (
     int_extent,
     is_spatial,
     root_blocks,
+    simplify_indices,
     vector_lanes,
     vector_tile,
 )
@@ -180,7 +181,7 @@ class RowReduction(SafeRule):
     classes = (ScheduleClass.REDUCTION,)
 
     def _apply(self, sch, target):
-        sch = s_tir.Schedule(_reciprocal_divisions(sch.mod["main"]))
+        sch = s_tir.Schedule(_reciprocal_divisions(simplify_indices(sch.mod["main"])))
         if normalize_prim_func(sch) is None:
             return None
         inline_spatial(sch)

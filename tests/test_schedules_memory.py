@@ -67,6 +67,9 @@ CASES = {
                                       OP.power(x, relax.const(3.0, "float32")))))))),
         {"x": (3, 150)},
         lambda x: 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))),
+    # ViT's attention-probability reshape: a copy whose legalized indices divide by 197
+    "reshape_12x197x197": (lambda bb, x: OP.reshape(x, (12, 197, 197)), {"x": (1, 12, 197, 197)},
+                           lambda x: x.reshape(12, 197, 197)),
     "add_tanh_3199": (lambda bb, x: OP.tanh(OP.add(x, x)), {"x": (1, 16, 3199)},
                       lambda x: np.tanh(2 * x)),
 }
@@ -150,3 +153,13 @@ def test_small_integer_powers_become_multiplies(exponent, kept):
     func = _kernel_of(lambda bb, x: OP.power(x, relax.const(exponent, "float32")), (4, 64))
     out = fast_math_pass(tvm.IRModule({"k": func}))["k"].script()
     assert ("T.pow(" in out) == kept
+
+
+@pytest.mark.parametrize(("target", "reg"), [(AVX2, "%ymm"), (AVX512, "%zmm")],
+                         ids=["avx2", "avx512"])
+def test_reshape_of_ragged_rows_loads_whole_vectors(target, reg):
+    """The reshape's ``j // 197`` and ``j % 197`` simplify away over the block's domain, so
+    the vector loads stay contiguous (no gather)."""
+    func = Fallback().apply(_kernel("reshape_12x197x197", target), target, False).mod["main"]
+    ops = _vector_ops(func, target, reg)
+    assert "vmovups" in ops and not any("gather" in op for op in ops)
