@@ -105,7 +105,20 @@ def _horner(t: tirx.PrimExpr, coeffs: tuple[float, ...]) -> tirx.PrimExpr:
 
 
 def _keep_nan(x: tirx.PrimExpr, value: tirx.PrimExpr) -> tirx.PrimExpr:
-    return tirx.Select(tirx.isnan(x), x, value)
+    """``x`` where it is NaN, else ``value``. NaN is tested on the bits (magnitude above
+    infinity's): TVM's VectorizeLoop cannot widen ``isnan`` and scalarizes the whole loop
+    around it (LLVM then re-vectorizes it at 256 bits on AVX-512 at best), and ``x != x``
+    is folded to false by TIR's simplifier."""
+    magnitude = tirx.reinterpret("int32", x) & _i(0x7FFFFFFF)
+    return tirx.Select(magnitude > _i(0x7F800000), x, value)
+
+
+def _copysign(magnitude: tirx.PrimExpr, sign: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``magnitude`` (>= 0) with the sign bit of ``sign``, on the bits: TVM's VectorizeLoop
+    cannot widen ``copysign`` either and scalarizes the loop around it."""
+    bits = tirx.reinterpret("int32", magnitude) | (
+        tirx.reinterpret("int32", sign) & _i(-(1 << 31)))
+    return tirx.reinterpret(F32, bits)
 
 
 def _pow2(n: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -166,7 +179,7 @@ def fast_tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
         return tirx.Select(a < _f(_TANH_SMALL), small, large)
 
     return _let(x, lambda v: _keep_nan(
-        v, tirx.copysign(_let(tirx.abs(v), body, "a"), v)), "x")
+        v, _copysign(_let(tirx.abs(v), body, "a"), v)), "x")
 
 
 def fast_sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -187,7 +200,7 @@ def fast_erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
                            tirx.Select(a < _f(_ERF_ONE), far, _f(1.0)))
 
     return _let(x, lambda v: _keep_nan(
-        v, tirx.copysign(_let(tirx.abs(v), body, "a"), v)), "x")
+        v, _copysign(_let(tirx.abs(v), body, "a"), v)), "x")
 
 
 # TIR op name -> its float32 expression.
