@@ -10,6 +10,7 @@ import tvm
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from ._loops import int32_partition_loops
 from .cpu import Contraction, Fallback, RowReduction, rules
 from .fast_math import fast_math_pass
 from .prepack import mark_constant_weights, pack_constants
@@ -34,7 +35,7 @@ def schedule_pass(target: Target, prepack: bool = True,
     expressions (``fast_math``; ``fast_math=False`` keeps the scalar libm calls, for
     comparisons).
     """
-    passes = [dl.ApplyDefaultSchedule(*rules())]
+    passes = [dl.ApplyDefaultSchedule(*rules()), int32_partition_loops]
     if prepack:
         passes = [mark_constant_weights, *passes, pack_constants]
     if fast_math:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
@@ -80,18 +81,69 @@ def _product(extents: list[int | None]) -> int | None:
     return out
 
 
-def _injective_tile(extent: int, lanes: int) -> int:
+# Loop annotation TIR's LoopPartition pass acts on: it peels the iterations where a condition
+# (here the tail guard of a non-dividing split) is not provably true into their own loop.
+PARTITION_HINT = "pragma_loop_partition_hint"
+
+
+def _int32_hinted_loop(loop: tirx.For) -> tirx.For:
+    """``loop`` over an int32 variable (its body reads it through an int64 cast) if it carries
+    the partition hint over an int64 variable; otherwise ``loop`` as it is.
+
+    TIR lowering narrows int64 loop variables to int32 (``NarrowDataType``) after it turned
+    the hint into an attribute of the old variable, so LoopPartition no longer finds the
+    loop and the guarded vectors stay scalar. A loop that is int32 already is left alone.
+    """
+    if PARTITION_HINT not in loop.annotations or str(loop.loop_var.ty) != "int64":
+        return loop
+    if not all(isinstance(e, tirx.IntImm) for e in (loop.min, loop.extent)):
+        return loop
+    old = loop.loop_var
+    new = tirx.Var(old.name, "int32")
+    wide = tirx.Cast("int64", new)
+    body = tvm_ffi.structural_map(loop.body, (tirx.Var, lambda v: wide if v.same_as(old) else v))
+    return tirx.For(new, tirx.IntImm("int32", int(loop.min)),
+                    tirx.IntImm("int32", int(loop.extent)), loop.kind, body,
+                    loop.thread_binding, loop.annotations)
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="CostFuseInt32PartitionLoops")
+def int32_partition_loops(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """Every loop with the partition hint over an int32 variable (:func:`_int32_hinted_loop`).
+
+    Runs after the schedule rules, so that the loops the rules split into whole vectors and
+    a tail do get partitioned."""
+    body = tvm_ffi.structural_map(func.body, (tirx.For, _int32_hinted_loop))
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def vectorize_with_tail(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> LoopRV:
+    """Split ``loop`` into whole vectors of ``lanes`` plus a scalar tail; returns the outer loop.
+
+    A non-dividing split guards every element with ``i * lanes + l < extent``, which LLVM
+    cannot vectorize; the partition hint makes TIR peel the last, partial vector off, so all
+    full vectors run unguarded (a 3199-long row: 199 vectors of 16 and a 15-element tail,
+    instead of 457 vectors of 7 lanes).
+    """
+    outer, inner = sch.split(loop, factors=[None, lanes])
+    sch.annotate(outer, PARTITION_HINT, 1)
+    sch.vectorize(inner)
+    return outer
+
+
+def _injective_tile(extent: int, lanes: int) -> int | None:
     """Vector tile for a copy-like loop (no accumulators, so no register-pressure limit).
 
     A whole row up to 8 registers wide is one vector statement even at odd widths (a 114-wide
-    padded row beats 19 six-lane pieces); longer rows take lanes-multiples that divide.
+    padded row beats 19 six-lane pieces); longer rows take lanes-multiples that divide, and
+    None means whole vectors with a peeled tail (:func:`vectorize_with_tail`).
     """
     for k in (4, 2, 1):
         if extent % (k * lanes) == 0:
             return k * lanes
     if extent <= 8 * lanes:
         return extent
-    return largest_divisor(extent, lanes)
+    return None
 
 
 def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> None:
@@ -114,12 +166,17 @@ def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) ->
     if all(k == "S" for k in kinds):
         inner, ext, outer = loops[-1], extents[-1], list(loops[:-1])
         if ext is not None and ext > 1:
+            rows = _product(extents[:-1])
+            few_rows = rows is not None and rows < PARALLEL_CHUNKS_PER_CORE * num_cores(target)
             tile = _injective_tile(ext, lanes)
-            if tile >= 2:
+            if tile is None and few_rows:  # the vector loop must divide to join the parallel one
+                tile = largest_divisor(ext, lanes)
+            if tile is None:
+                vectorize_with_tail(sch, inner, lanes)
+            elif tile >= 2:
                 if tile < ext:
                     lo, inner = sch.split(inner, factors=[None, tile])
-                    rows = _product(extents[:-1])
-                    if rows is not None and rows < PARALLEL_CHUNKS_PER_CORE * num_cores(target):
+                    if few_rows:
                         outer.append(lo)  # too few rows to keep every core busy
                 sch.vectorize(inner)
         total = _product(extents)

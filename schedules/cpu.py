@@ -22,13 +22,14 @@ None and the next rule is tried; a function no rule schedules is left as it was 
 
 from __future__ import annotations
 
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from ._common import (
     inline_spatial,
     root_blocks,
+    simplify_indices,
 )
 from ._loops import SafeRule, schedule_rest
 from .classes import ScheduleClass
@@ -55,6 +56,7 @@ class Fallback(SafeRule):
         return sch
 
     def _apply(self, sch, target):
+        sch = s_tir.Schedule(simplify_indices(sch.mod["main"]))
         inline_spatial(sch)
         return self._schedule_blocks(sch, target)
 

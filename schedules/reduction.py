@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
+from tvm.sym.analyzer import Analyzer
 
 from ._common import (
     MIN_PARALLEL_ITERS,
@@ -12,10 +14,11 @@ from ._common import (
     int_extent,
     is_spatial,
     root_blocks,
+    simplify_indices,
     vector_lanes,
     vector_tile,
 )
-from ._loops import SafeRule, loop_kinds, parallelize
+from ._loops import PARTITION_HINT, SafeRule, loop_kinds, vectorize_with_tail
 from .classes import ScheduleClass
 
 
@@ -36,23 +39,36 @@ def _row_dims(region) -> list:
 def _rows_consistent(sch, blocks, n) -> bool:
     """Row r of every intermediate is produced and consumed by iteration r of the row loops.
 
-    Without this, ``compute_at`` under a row loop stays legal but recomputes whole producers
-    per row (quadratic time): the rule must not apply then.
+    This is what makes merging the blocks' row loops into one legal (``merge`` itself checks
+    no dependences): row r of a block never needs another row of an earlier block.
     """
+    def by_row(region, lead) -> bool:
+        dims = _row_dims(region)
+        return len(dims) >= n and all(d.same_as(v) for d, v in zip(dims[:n], lead))
+
+    written = {blk: [w.source for w in sch.get(blk).writes] for blk in blocks}
     for blk in blocks:
         stmt = sch.get(blk)
         lead = _lead_vars(sch, blk, n)
-        if lead is None or len(stmt.writes) != 1:
+        if lead is None or not stmt.writes:
             return False
-        dims = _row_dims(stmt.writes[0].region)
-        if len(dims) < n or any(not d.same_as(v) for d, v in zip(dims[:n], lead)):
+        if not all(by_row(w.region, lead) for w in stmt.writes):
             return False
+        others = [buf for b in blocks if b != blk for buf in written[b]]
         for r in stmt.reads:
-            if any(r.source.same_as(sch.get(b).writes[0].source) for b in blocks if b != blk):
-                dims = _row_dims(r.region)
-                if len(dims) < n or any(not d.same_as(v) for d, v in zip(dims[:n], lead)):
-                    return False
+            if any(r.source.same_as(buf) for buf in others) and not by_row(r.region, lead):
+                return False
     return True
+
+
+def _binds_one_reduction(sch, block, loop) -> bool:
+    """``loop`` is bound, as it is, to one reduction iter of ``block`` and to nothing else."""
+    var = sch.get(loop).loop_var
+    bound = [(iv, value) for iv, value in
+             zip(sch.get(block).iter_vars, get_sblockrealize(sch, block).iter_values)
+             if _uses(value, var)]
+    return (len(bound) == 1 and bound[0][0].iter_type == tirx.IterVar.CommReduce
+            and bound[0][1].same_as(var))
 
 
 def _vector_rfactor(sch, block, target):
@@ -60,47 +76,112 @@ def _vector_rfactor(sch, block, target):
 
     The partial block reduces ``x[k*lanes + l]`` into slot ``l`` with ``l`` innermost and
     spatial, so it vectorizes; the original block then reduces the ``lanes`` slots. The sum
-    order changes (float reassociation only); max/min stay exact. Returns the partial block,
-    or None where the loop is not a whole number of vectors or rfactor rejects the reducer.
+    order changes (float reassociation only); max/min stay exact. Tuple reducers (layer and
+    group norm's sum and sum of squares in one block) get one slot vector per value. A row
+    that is not a whole number of vectors keeps a guard on its last one, which the schedule
+    peels off (see ``_loops.vectorize_with_tail``). Returns the partial block, or None where
+    the row is shorter than two vectors or rfactor rejects the reducer.
     """
     stmt = sch.get(block)
-    if is_spatial(stmt) or len(stmt.writes) != 1:
+    if is_spatial(stmt) or not stmt.writes:
         return None
-    kinds = loop_kinds(sch, block)
+    dtypes = {str(w.source.dtype) for w in stmt.writes}
+    if len(dtypes) != 1:
+        return None
     loops = sch.get_loops(block)
-    lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
+    lanes = vector_lanes(target, dtypes.pop())
     ext = int_extent(sch, loops[-1]) if loops else None
-    if kinds is None or kinds[-1] != "R" or ext is None or ext % lanes or ext < 2 * lanes:
+    if ext is None or ext < 2 * lanes or not _binds_one_reduction(sch, block, loops[-1]):
         return None
     _, inner = sch.split(loops[-1], factors=[None, lanes])
     try:
-        rf = sch.rfactor(inner, factor_axis=len(stmt.writes[0].source.shape))
+        return sch.rfactor(inner, factor_axis=len(stmt.writes[0].source.shape))
     except s_tir.ScheduleError:
         return None
-    # compute_at regenerates loops in block-iter order; make the slot iter (the last write
-    # index) the last iter so its loop comes out innermost, where it can be vectorized.
-    rf_stmt = sch.get(rf)
-    slot = rf_stmt.writes[0].region[-1].min
-    order = [i for i, iv in enumerate(rf_stmt.iter_vars) if not iv.var.same_as(slot)]
-    order += [i for i, iv in enumerate(rf_stmt.iter_vars) if iv.var.same_as(slot)]
-    if order != list(range(len(order))):
-        sch.reorder_block_iter_var(rf, order)
-    return rf
+
+
+def _row_loop(sch, block, n):
+    """The first ``n`` (row) loops of ``block``'s nest fused into one; (loop, its extent)."""
+    loops = sch.get_loops(block)[:n]
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    return fused, sch.get(fused).extent
+
+
+def _parallel_rows(sch):
+    """``sch``'s function with its one root loop (the merged rows) parallel, on a new Schedule.
+
+    ``merge`` makes a serial loop, and ``Schedule.parallel`` refuses it: after merge and
+    decompose_reduction the partial blocks count as neither complete nor reduction blocks
+    (the bindings of a guarded one read as not affine). The rows are independent --
+    ``_rows_consistent`` proved that row r of every intermediate is written and read in
+    iteration r -- so the loop kind is set on the IR directly.
+    """
+    func = sch.mod["main"]
+    root = func.body.block.body
+    if not isinstance(root, tirx.For):
+        return None
+    loop = tirx.For(root.loop_var, root.min, root.extent, tirx.ForKind.PARALLEL, root.body,
+                    root.thread_binding, root.annotations)
+    realize = func.body
+    block = realize.block
+    new_block = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, loop,
+                             block.init, block.alloc_buffers, block.match_buffers,
+                             block.annotations)
+    new_realize = s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_block)
+    return s_tir.Schedule(func.with_body(new_realize))
+
+
+def _uses(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v.same_as(var))))
+    return any(found)
+
+
+def _reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``a / b`` as ``a * (1 / b)`` in spatial blocks where ``b`` is constant along the row.
+
+    Softmax divides every exp by its row's sum: a vector division costs ~10x a multiply, and
+    LLVM keeps the division (the reciprocal rounds differently, within float tolerance).
+    With ``1 / b`` loop-invariant, LLVM computes it once per row.
+    """
+
+    def per_block(block):
+        if not block.iter_vars or not is_spatial(block):
+            return block
+        col = block.iter_vars[-1].var
+
+        def div(node):
+            if "float" not in str(node.ty) or not _uses(node.a, col) or _uses(node.b, col):
+                return node
+            one = tirx.FloatImm(str(node.ty), 1.0)
+            return tirx.Mul(node.a, tirx.Div(one, node.b))
+
+        body = tvm_ffi.structural_map(block.body, (tirx.Div, div))
+        if body.same_as(block.body):
+            return block
+        return s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,
+                            block.init, block.alloc_buffers, block.match_buffers,
+                            block.annotations)
+
+    body = tvm_ffi.structural_map(func.body, (s_tir.SBlock, per_block))
+    return func if body.same_as(func.body) else func.with_body(body)
 
 
 class RowReduction(SafeRule):
     """Softmax, layer norm, RMS norm, mean/sum + epilogue: parallel rows, vectorized inner.
 
-    After inlining the spatial steps (exp, subtract-mean) into their consumers, all blocks are
-    computed under the fused leading spatial (row) loop of the last block, so a row stays in
-    cache between the reduction passes and the final write. Innermost reductions whose length
-    is a multiple of the vector width are rfactored into one vector of partial results
-    (:func:`_vector_rfactor`; sums reassociate, within float tolerance).
+    After inlining the spatial steps (exp, subtract-mean) into their consumers, every block's
+    leading spatial (row) loops are fused and the row loops of all blocks merged into one, so
+    a row stays in cache between the reduction passes and the final write. Innermost
+    reductions at least two vectors long are rfactored into one vector of partial results
+    (:func:`_vector_rfactor`; sums reassociate, within float tolerance), and a row that is
+    not a whole number of vectors runs its last, partial vector as a scalar tail.
     """
 
     classes = (ScheduleClass.REDUCTION,)
 
     def _apply(self, sch, target):
+        sch = s_tir.Schedule(_reciprocal_divisions(simplify_indices(sch.mod["main"])))
         if normalize_prim_func(sch) is None:
             return None
         inline_spatial(sch)
@@ -118,19 +199,43 @@ class RowReduction(SafeRule):
         n = min(lead)
         if n == 0 or not _rows_consistent(sch, blocks, n):
             return None
-        partials = [rf for blk in blocks if (rf := _vector_rfactor(sch, blk, target))]
-        blocks = root_blocks(sch)
-        last = blocks[-1]
-        loops = sch.get_loops(last)
-        rows = 1
-        for lp in loops[:n]:
-            rows *= int_extent(sch, lp) or MIN_PARALLEL_ITERS
+        # A second output (an elementwise member read outside the group): the features price
+        # such groups as the fallback (synth-0's measured 2.6x slower fused), so decline.
+        func = sch.mod["main"]
+        outputs = list(func.params)  # buffers, in TVM 0.27
+        if any(w.source.same_as(o) for b in blocks[:-1] for w in sch.get(b).writes
+               for o in outputs):
+            return None
+        # Each block keeps its own nest at the root: its row loops fused (and parallel), its
+        # reduction split into vector partials (rfactor: a nest of its own before it), its
+        # inner loops vectorized; only then are the row loops of all nests merged into one,
+        # in program order. The order is forced by TVM 0.27: compute_at would nest the
+        # partials too, but it regenerates a block's loops from its iteration domain and drops
+        # the guard of a ragged row's last vector (it then reads past the row); parallel must
+        # precede decompose_reduction (the update block is no reduction block after it); and
+        # parallel and vectorize refuse loops that merge made (see :func:`_parallel_rows`).
+        nests = [_row_loop(sch, blk, n) for blk in blocks]
+        extent = nests[-1][1]
+        if any(not Analyzer().can_prove_equal(ext, extent) for _, ext in nests):
+            return None
+        rows = int_extent(sch, nests[-1][0]) or MIN_PARALLEL_ITERS  # symbolic: assume plenty
         per_row = 1
-        for lp in loops[n:]:
+        for lp in sch.get_loops(blocks[-1])[1:]:
             per_row *= int_extent(sch, lp) or 1
-        row_loop = parallelize(sch, loops[:n], rows * per_row if rows > 1 else 1)
-        for blk in reversed(blocks[:-1]):
-            sch.compute_at(blk, row_loop, preserve_unit_loops=True)
+        parallel = rows > 1 and rows * per_row >= MIN_PARALLEL_ITERS
+        if parallel:
+            for lp, _ in nests:
+                sch.parallel(lp)
+        for blk in blocks:
+            rf = _vector_rfactor(sch, blk, target)
+            if rf is None:
+                continue
+            rf_loops = sch.get_loops(rf)  # lanes partial sums side by side: a vector accumulator
+            guard = get_sblockrealize(sch, rf).predicate  # the last vector of a ragged row
+            sch.vectorize(rf_loops[-1])
+            if not (isinstance(guard, tirx.IntImm) and guard.value == 1):
+                sch.annotate(rf_loops[-2], PARTITION_HINT, 1)
+            sch.decompose_reduction(rf, rf_loops[-2])
         for blk in blocks:
             stmt = sch.get(blk)
             blk_loops = sch.get_loops(blk)
@@ -140,12 +245,20 @@ class RowReduction(SafeRule):
             if ext is None or ext < 2:
                 continue
             lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
+            if ext % lanes and ext > 2 * lanes:
+                vectorize_with_tail(sch, blk_loops[-1], lanes)
+                continue
             tile = vector_tile(ext, lanes)
             inner = blk_loops[-1] if tile >= ext else sch.split(blk_loops[-1], [None, tile])[1]
             if tile >= 2:
                 sch.vectorize(inner)
-        for rf in partials:  # lanes partial sums side by side: a vector accumulator
-            rf_loops = sch.get_loops(rf)
-            sch.vectorize(rf_loops[-1])
-            sch.decompose_reduction(rf, rf_loops[-2])
+        row_loops = []  # one per nest (a decomposed partial has two blocks in its nest)
+        for blk in root_blocks(sch):
+            top = sch.get_loops(blk)[0]
+            if not any(sch.get(top).same_as(sch.get(lp)) for lp in row_loops):
+                row_loops.append(top)
+        if len(row_loops) > 1:
+            sch.merge(*row_loops)
+            if parallel:
+                return _parallel_rows(sch)
         return sch

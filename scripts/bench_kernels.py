@@ -15,6 +15,12 @@ the module that fusion sees; inputs and weights random), e.g.::
 
     python scripts/bench_kernels.py --threads 1 --repeat 7
     python scripts/bench_kernels.py --threads 1 --from-corpus vit_b_16 bert
+
+Reductions and elementwise kernels (softmax, norms, GELU...; ``bench_memory.py``) are judged
+in GB/s against PyTorch and calibrate's stream kernel; ``--classes`` picks what runs, and
+``--from-corpus`` adds each distinct fused kernel of those classes::
+
+    python scripts/bench_kernels.py --threads 1 --classes reduction elementwise
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import math
 import os
 from dataclasses import dataclass
 
+import bench_memory
 import numpy as np
 import tvm
 from tvm import relax
@@ -186,6 +193,25 @@ def corpus_cases(names: list[str]) -> list[Case]:
     return out
 
 
+KERNEL_CLASSES = ("contraction", "reduction", "elementwise")
+
+
+def memory_section(args, target) -> None:
+    """The reduction / elementwise cases (``bench_memory``) of the chosen classes."""
+    kinds = [k for k in args.classes if k != "contraction"]
+    if not kinds:
+        return
+    mem = [c for c in bench_memory.MEM_CASES if c.kind in kinds
+           and (not args.cases or any(s in c.name for s in args.cases))]
+    corpus = [k for k in bench_memory.corpus_kernels(args.from_corpus, target,
+                                                     np.random.default_rng(1))
+              if k[1] in kinds or (k[1] == "fallback" and "reduction" in kinds)]
+    print(f"\nmemory-bound kernels  load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    bench_memory.report(mem, corpus, target, args.threads, args.repeat)
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -194,11 +220,13 @@ def main() -> None:
     ap.add_argument("--from-corpus", nargs="*", default=[], metavar="MODEL")
     ap.add_argument("--peak", action="store_true",
                     help="also time calibrate's FMA-chain kernel: each kernel's share of peak")
+    ap.add_argument("--classes", nargs="*", default=list(KERNEL_CLASSES), choices=KERNEL_CLASSES,
+                    help="kernel classes to run (default all)")
     args = ap.parse_args()
 
     target = host_target(args.threads)
     tvm.get_global_func("runtime.config_threadpool")(1, args.threads)  # TVM's pool = torch's
-    cases = CASES + corpus_cases(args.from_corpus)
+    cases = CASES + corpus_cases(args.from_corpus) if "contraction" in args.classes else []
     if args.cases:
         cases = [c for c in cases if any(s in c.name for s in args.cases)]
     try:
@@ -243,11 +271,12 @@ def main() -> None:
         ratios.append(p / t)
         print(f"{case.name:40s} {t * 1e3:9.3f} {p * 1e3:9.3f} {flops[case.name] / t / 1e9:9.1f} "
               f"{flops[case.name] / p / 1e9:10.1f} {p / t:9.2f} {flops[case.name] / t / peak:8.2f}")
-    if torch is not None:
+    if torch is not None and ratios:
         worst = min(range(len(cases)), key=lambda i: ratios[i])
         print(f"geomean tvm/torch speed: {geomean(ratios):.2f}  worst {ratios[worst]:.2f} "
               f"({cases[worst].name})  load average "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    memory_section(args, target)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir
 
+from .schedules.fast_math import is_integer_power
 from .schedules.math_calls import MATH_COST
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -150,8 +152,8 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
 
     Limits: a block's iterations are the product of its iteration-variable extents, so a loop
     written inside a block body (hand-written, opaque blocks) or a nested block counts once
-    per outer iteration; ``pow`` with a constant exponent counts as a call though LLVM may
-    make it a multiply. Relax's legalized operators (every zoo model) have neither."""
+    per outer iteration. Relax's legalized operators (every zoo model) have none. ``pow`` to
+    a constant 2, 3 or 4 is free: ``fast_math`` makes it multiplies."""
     if not isinstance(func.body, s_tir.SBlockRealize):
         return 1, 0.0
     sch = s_tir.Schedule(func)
@@ -168,8 +170,17 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
                 extent *= n
         best = max(best, extent)
         per_iter = sum(MATH_COST.get(name, 0.0) for name in _CALL.findall(str(block.body)))
+        per_iter -= MATH_COST["pow"] * _integer_powers(block.body)
         calls += per_iter * iterations
     return best, calls
+
+
+def _integer_powers(body) -> int:
+    """How many ``pow`` calls in ``body`` ``fast_math`` turns into multiplies."""
+    found = []
+    tvm_ffi.structural_walk(body, (tvm.ir.expr.Call,
+                                   lambda c: found.append(is_integer_power(c))))
+    return sum(found)
 
 
 def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, float]:

@@ -27,9 +27,14 @@ from .features import GroupFeatures
 # (``schedules/gemm.py``) reached 0.49-0.63 of the FMA-chain peak (geomean over the 8 kernels
 # of ``scripts/bench_kernels.py``, two runs, docs/benchmarks.md; Linears 0.6-0.8, attention's
 # short-K batch matmuls 0.2-0.6); elementwise/reduction loops are bound by memory, their
-# compute runs at vector rate with transcendental calls (erf, exp ~20 instructions each).
+# compute runs at vector rate with transcendental calls (erf, exp ~20 instructions each;
+# priced apart, ``_MATH_CORE_SECONDS``). Row reductions (vector rfactor partials, one row
+# loop): TVM's FLOP count over the time of the math-free ones came to 0.22-0.31 of the
+# 114 GFLOP/s one-core FMA-chain peak (LayerNorm 197x768 and 128x768, wav2vec2's GroupNorm
+# 512x3199; ``bench_kernels.py --classes reduction``, docs/benchmarks.md), where 0.05 had
+# priced the scalar reduction loops before them.
 _EFF = {
-    "cpu": {SC.CONTRACTION: 0.55, SC.CONTRACTION_STREAM: 0.55, SC.REDUCTION: 0.05,
+    "cpu": {SC.CONTRACTION: 0.55, SC.CONTRACTION_STREAM: 0.55, SC.REDUCTION: 0.25,
             SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05},
     # dlight: SIMT matmul tiles reach ~50% of FP32 peak; others are memory bound.
     "cuda": {SC.CONTRACTION: 0.50, SC.REDUCTION: 0.10, SC.ELEMENTWISE: 0.10, SC.FALLBACK: 0.10},

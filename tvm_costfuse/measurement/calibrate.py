@@ -87,16 +87,24 @@ def _stream_kernel(per_core: int, lanes: int, cores: int, sweeps: int) -> tirx.P
     return stream
 
 
-def _stream_bandwidth(nbytes: int, lanes: int, cores: int, target, repeat: int, ms: int) -> float:
-    """Bytes read + written per second by :func:`_stream_kernel` on two ``nbytes`` buffers."""
+def stream_timer(nbytes: int, lanes: int, cores: int, target):
+    """:func:`_stream_kernel` on two ``nbytes`` buffers, built once: (bytes read + written per
+    call, ``timer(repeat, min_repeat_ms)`` -> median seconds per call). Kernel benchmarks time
+    it next to their own kernels at the same working-set size."""
     per_core = max(lanes, nbytes // 4 // cores // lanes * lanes)
     n = per_core * cores
     sweeps = max(1, _STREAM_BYTES_PER_CALL // (2 * 4 * n))
     ex = _build(_stream_kernel(per_core, lanes, cores, sweeps), "stream", target)
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(np.ones(n, "float32"), dev), tvm.runtime.empty((n,), "float32", dev)]
-    seconds = _median(ex.mod, "stream", args, repeat, ms)
-    return 2 * 4 * n * sweeps / seconds  # one read + one write per element and sweep
+    moved = 2 * 4 * n * sweeps  # one read + one write per element and sweep
+    return moved, lambda repeat, ms: _median(ex.mod, "stream", args, repeat, ms)
+
+
+def _stream_bandwidth(nbytes: int, lanes: int, cores: int, target, repeat: int, ms: int) -> float:
+    """Bytes read + written per second by :func:`_stream_kernel` on two ``nbytes`` buffers."""
+    moved, timer = stream_timer(nbytes, lanes, cores, target)
+    return moved / timer(repeat, ms)
 
 
 # ---------------------------------------------------------------------------- FLOP/s
