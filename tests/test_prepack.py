@@ -67,6 +67,17 @@ def test_packed_is_tile_major():
             assert list(p[jo, k]) == list(value[k, 4 * jo:4 * jo + 4])
 
 
+def test_packed_leading_is_channel_panels():
+    """A convolution weight (F, C, K) as (F / tile, C, K, tile): output channels innermost."""
+    value = np.arange(8 * 3 * 2, dtype="float32").reshape(8, 3, 2)
+    p = packed(value, 4, leading=True)
+    assert p.shape == (2, 3, 2, 4)
+    for fo in range(2):
+        for c in range(3):
+            for k in range(2):
+                assert list(p[fo, c, k]) == list(value[4 * fo:4 * fo + 4, c, k])
+
+
 @pytest.mark.parametrize("bind", [True, False], ids=["constant", "input"])
 def test_constant_weight_is_packed_input_is_not(bind):
     mod, _ = _linear(bind)
