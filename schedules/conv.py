@@ -188,7 +188,9 @@ def choose_conv_tile(channels: int, per_group: int, height: int, width: int, lan
     ``pixels + vectors`` loads (broadcasts and weight vectors) and waits at least one FMA
     latency; ties go to exact tiles, then more accumulators. The tile leaves the registers a
     step's operands need (:func:`_operand_registers`: the inputs overlapping windows share,
-    where any tile can). None where a channel vector would be too narrow.
+    unless that leaves too few accumulators to hide the FMA latency; then some inputs are
+    reloaded from the stack, measured faster: wav2vec2's k10/s5 conv, 7 x 2 vectors at 25
+    GFLOP/s against 2 x 4 at 5). None where a channel vector would be too narrow.
     """
     lane_fill = lanes if per_group % lanes == 0 else largest_divisor(per_group, lanes)
     if lane_fill < _MIN_LANE_SHARE * lanes:
@@ -211,9 +213,10 @@ def choose_conv_tile(channels: int, per_group: int, height: int, width: int, lan
                     key = (tiles * step, width % tw != 0, -fmas, -vectors)
                     if best_key is None or key < best_key:
                         best, best_key = ConvTile(th, tw, vectors, lane_fill), key
-        if best is not None:
-            return best
-    return None
+        if best is not None and (counted is None or best.height * best.width * best.vectors
+                                 >= 2 * _FMA_LATENCY):
+            return best  # a tile too small to hide the FMA latency: reloads cost less
+    return best
 
 
 def _operand_registers(th: int, tw: int, vectors: int, window: tuple[int, int, int] | None
