@@ -212,8 +212,10 @@ def _packed_argument(kernel: str, index: int, arg, param, cache) -> relax.Expr:
         return arg
     tile = want[-1]
     trailing = have[-1] % tile == 0 and want == _trailing_shape(have, tile)
-    leading = have[0] % tile == 0 and want == _leading_shape(have, tile)
-    if trailing == leading:  # neither, or both (refused by pack_leading_operand)
+    # both shapes agree only where every dimension is equal (a square Linear weight):
+    # pack_leading_operand refuses that case, so it is the trailing packing
+    leading = not trailing and have[0] % tile == 0 and want == _leading_shape(have, tile)
+    if not (trailing or leading):
         raise ValueError(f"{kernel}: parameter {index} has shape {want}, its constant "
                          f"argument {have}: not the tile-major packing of it")
     for seen, seen_tile, seen_leading, done in cache:  # one copy per (constant, layout)
