@@ -16,13 +16,13 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
-
-from tvm_costfuse.measurement.timing import run
-from tvm_costfuse.pipelines import fuse
 from tvm_costfuse.schedules import Contraction
 from tvm_costfuse.schedules.conv import _operand_registers, choose_conv_tile
 from tvm_costfuse.schedules.gemm import accumulator_budget
 from tvm_costfuse.schedules.prepack import mark_constant_weights
+
+from tvm_costfuse.measurement.timing import run
+from tvm_costfuse.pipelines import fuse
 from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
 from tvm_costfuse.targets import host_target, isa
 
@@ -188,7 +188,7 @@ def test_inner_loop_is_fmas_on_registers(target, name):
     fmas = [ln for ln in body.splitlines() if "vfmadd" in ln]
     assert len(fmas) >= 8 and all(reg in ln for ln in fmas)
     stack = [ln for ln in body.splitlines() if "rsp" in ln]
-    x_shape, w_shape, stride, _, groups, _ = case
+    _, w_shape, stride, _, groups, _ = case
     out = _out_shape(case)
     lanes, registers = isa.vector_lanes(target, "float32"), isa.vector_registers(target)
     tile = choose_conv_tile(w_shape[0], w_shape[0] // groups, out[-2] if len(out) == 4 else 1,

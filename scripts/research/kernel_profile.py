@@ -21,11 +21,11 @@ from collections import Counter
 import tvm
 
 sys.path.insert(0, os.path.dirname(__file__))
-from fusion_bound import _kernel_seconds, _wall  # noqa: E402
+from fusion_bound import _kernel_seconds, _wall
 
-from tvm_costfuse.models import corpus  # noqa: E402
-from tvm_costfuse.strategies import strategy_pipeline  # noqa: E402
-from tvm_costfuse.targets import host_target  # noqa: E402
+from tvm_costfuse.models import corpus
+from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.targets import host_target
 
 
 def main() -> None:
