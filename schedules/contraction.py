@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from . import gemm
+from . import conv, gemm
 from ._common import (
     covers_output,
     inline_spatial,
@@ -118,7 +118,8 @@ class Contraction(SafeRule):
 
     A block whose indices are all plain vars (dense, matmul and batch matmul in every form the
     importers emit, 1x1 conv) gets the register-blocked micro-kernel of ``gemm.py``, which pads
-    ragged extents; the rest (convolutions with windows, or where the micro-kernel declines)
+    ragged extents; an NC(H)W convolution (windowed, strided, grouped) the direct kernel of
+    ``conv.py``, vectorized over output channels; the rest (depthwise, or where those decline)
     keep the tiling below, whose tiles must divide the extents. Loop nest: ``parallel(tile of the bigger operand, other spatial, other tile) -> reduction
     loops -> row tile (unrolled) -> vector tile (vectorized)``. The ``row x vec`` accumulator
     lives in a ``local`` buffer that LLVM promotes to registers; the epilogue is inlined into
@@ -138,20 +139,25 @@ class Contraction(SafeRule):
         name = sch.get(reductions[0]).name_hint
         operands = _operands(sch.get(reductions[0]))
         einsum = gemm.analyze(sch.get(reductions[0]), *operands) if operands else None
+        window = conv.analyze(sch.get(reductions[0]), *operands) if operands else None
         shape = _analyze_contraction(sch.get(reductions[0]))
-        if shape is None and einsum is None:
+        if shape is None and einsum is None and window is None:
             return None
         inline_spatial(sch, protect={name})
         main = sch.get_sblock(name)
         consumers = sch.get_consumers(main)
         if len(consumers) > 1:
             return None
-        if einsum is not None:
-            trial = sch.copy()  # the micro-kernel fails whole: the general tiling stands
+        # a micro-kernel fails whole (on a copy): the general tiling below stands
+        for kernel, roles in ((gemm, einsum), (conv, window)):
+            if roles is None:
+                continue
+            trial = sch.copy()
             try:
-                done = gemm.schedule(trial, name, einsum, target)
+                done = kernel.schedule(trial, name, roles, target)
             except (RuntimeError, ValueError) as err:  # ScheduleError is a RuntimeError
-                _log.debug("%s: no micro-kernel: %s", name, str(err).splitlines()[0])
+                _log.debug("%s: no %s kernel: %s", name, kernel.__name__.rsplit(".")[-1],
+                           str(err).splitlines()[0])
                 done = None
             if done is not None:
                 return done

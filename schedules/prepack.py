@@ -33,8 +33,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
-__all__ = ["layout_free", "mark_constant_weights", "pack_constants", "pack_streamed_operand",
-           "packed"]
+__all__ = ["layout_free", "mark_constant_weights", "pack_constants", "pack_leading_operand",
+           "pack_streamed_operand", "packed"]
 
 LAYOUT_FREE = "layout_free_buffers"
 
@@ -106,8 +106,43 @@ def pack_streamed_operand(sch: s_tir.Schedule, block, buffer, vtile: int) -> boo
     return True
 
 
-def packed(value: np.ndarray, tile: int) -> np.ndarray:
-    """``value`` in the layout :func:`pack_streamed_operand` gives its parameter."""
+def _trailing_shape(shape, tile: int) -> tuple[int, ...]:
+    return (shape[-1] // tile, *shape[:-1], tile)
+
+
+def _leading_shape(shape, tile: int) -> tuple[int, ...]:
+    return (-(-shape[0] // tile), *shape[1:], tile)
+
+
+def pack_leading_operand(sch: s_tir.Schedule, block, buffer, tile: int) -> bool:
+    """Store the constant weight ``buffer`` (read only by ``block``, vectorized along its first
+    index: a convolution's output channels) as ``(ceil(n / tile), ..., tile)``: each output
+    channel tile's weights are one contiguous panel; whether it did. Refused where that shape
+    equals the :func:`pack_streamed_operand` one (every dimension equal), which
+    :func:`pack_constants` could not tell apart."""
+    if not any(p.same_as(buffer) for p in layout_free(sch)):
+        return False
+    if not all(isinstance(s, tirx.IntImm) for s in buffer.shape) or len(buffer.shape) < 2:
+        return False
+    shape = [int(s) for s in buffer.shape]
+    if shape[0] % tile or _leading_shape(shape, tile) == _trailing_shape(shape, tile):
+        return False
+    blocks: list = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, (s_tir.SBlock, blocks.append), order="post")
+    if sum(r.source.same_as(buffer) for b in blocks for r in b.reads) != 1:
+        return False
+    at = next(i for i, r in enumerate(sch.get(block).reads) if r.source.same_as(buffer))
+    sch.transform_layout(block, ("read", at), tirx.IndexMap.from_func(
+        lambda *idx: (idx[0] // tile, *idx[1:], idx[0] % tile), ndim=len(shape)))
+    return True
+
+
+def packed(value: np.ndarray, tile: int, leading: bool = False) -> np.ndarray:
+    """``value`` in the layout :func:`pack_streamed_operand` (``leading``:
+    :func:`pack_leading_operand`) gives its parameter."""
+    if leading:
+        n, *rest = value.shape
+        return np.ascontiguousarray(np.moveaxis(value.reshape(n // tile, tile, *rest), 1, -1))
     *outer, n = value.shape
     return np.ascontiguousarray(np.moveaxis(value.reshape(*outer, n // tile, tile), -2, 0))
 
@@ -130,7 +165,7 @@ def pack_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         return mod
     rest = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in marked},
                         attrs=mod.attrs, global_infos=mod.global_infos)
-    cache: list[tuple[relax.Expr, int, relax.Expr]] = []
+    cache: list[tuple[relax.Expr, int, bool, relax.Expr]] = []
     renamed: dict[str, tvm.ir.GlobalVar] = {}
 
     @relax.expr_functor.mutator
@@ -176,12 +211,16 @@ def _packed_argument(kernel: str, index: int, arg, param, cache) -> relax.Expr:
     if want == have:
         return arg
     tile = want[-1]
-    if have[-1] % tile or want != (have[-1] // tile, *have[:-1], tile):
+    trailing = have[-1] % tile == 0 and want == _trailing_shape(have, tile)
+    # both shapes agree only where every dimension is equal (a square Linear weight):
+    # pack_leading_operand refuses that case, so it is the trailing packing
+    leading = not trailing and have[0] % tile == 0 and want == _leading_shape(have, tile)
+    if not (trailing or leading):
         raise ValueError(f"{kernel}: parameter {index} has shape {want}, its constant "
                          f"argument {have}: not the tile-major packing of it")
-    for seen, seen_tile, done in cache:  # one packed copy per (constant, tile)
-        if seen.same_as(arg) and seen_tile == tile:
+    for seen, seen_tile, seen_leading, done in cache:  # one copy per (constant, layout)
+        if seen.same_as(arg) and seen_tile == tile and seen_leading == leading:
             return done
-    done = relax.const(packed(arg.value.numpy(), tile))
-    cache.append((arg, tile, done))
+    done = relax.const(packed(arg.value.numpy(), tile, leading))
+    cache.append((arg, tile, leading, done))
     return done

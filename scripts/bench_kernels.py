@@ -11,7 +11,8 @@ same op (``torch.nn.functional.linear`` / ``torch.matmul`` / ``conv2d``) at the 
 rounds in one process; medians, GFLOP/s, their ratio, the geomean and the worst ratio print.
 
 ``--from-corpus NAME...`` adds every distinct matmul shape of those corpus models (read from
-the module that fusion sees; inputs and weights random), e.g.::
+the module that fusion sees; inputs and weights random), ``--convs-from-corpus NAME...`` every
+distinct convolution of them (read from the imported module), e.g.::
 
     python scripts/bench_kernels.py --threads 1 --repeat 7
     python scripts/bench_kernels.py --threads 1 --from-corpus vit_b_16 bert
@@ -21,6 +22,9 @@ in GB/s against PyTorch and calibrate's stream kernel; ``--classes`` picks what 
 ``--from-corpus`` adds each distinct fused kernel of those classes::
 
     python scripts/bench_kernels.py --threads 1 --classes reduction elementwise
+    python scripts/bench_kernels.py --threads 1 --no-builtin --convs-from-corpus wav2vec2
+
+(the last: only the convolutions of a corpus model, without the built-in cases).
 """
 
 from __future__ import annotations
@@ -65,21 +69,26 @@ class Case:
 
 @dataclass(frozen=True)
 class Conv:
-    """``conv2d(x, w)`` (NCHW, OIHW, a constant weight) with ``stride``, ``pad``, ``groups``."""
+    """``conv2d(x, w)`` (NCHW, OIHW) or ``conv1d`` (NCW, OIW, a 3-d ``x``), a constant weight,
+    with ``stride``, ``pad`` (one int, or one per spatial dim), ``groups``."""
 
     name: str
-    x: tuple[int, int, int, int]
-    w: tuple[int, int, int, int]
+    x: tuple[int, ...]
+    w: tuple[int, ...]
     stride: int = 1
-    pad: int = 0
+    pad: int | tuple[int, ...] = 0
     groups: int = 1
 
+    @property
+    def pads(self) -> tuple[int, ...]:
+        return self.pad if isinstance(self.pad, tuple) else (self.pad,) * (len(self.x) - 2)
+
+    def out_spatial(self) -> tuple[int, ...]:
+        return tuple((size + 2 * p - k) // self.stride + 1
+                     for size, k, p in zip(self.x[2:], self.w[2:], self.pads))
+
     def flops(self) -> float:
-        n, _, h, wd = self.x
-        co, ci, kh, kw = self.w
-        ho = (h + 2 * self.pad - kh) // self.stride + 1
-        wo = (wd + 2 * self.pad - kw) // self.stride + 1
-        return 2.0 * n * co * ho * wo * ci * kh * kw
+        return 2.0 * self.x[0] * math.prod(self.w) * math.prod(self.out_spatial())
 
 
 # Shapes from the corpus's vision transformers and BERT (sequence 197 and 128, width 768).
@@ -99,6 +108,27 @@ CASES = [
     Conv("r50_conv1x1_256x14x14_to1024", (1, 256, 14, 14), (1024, 256, 1, 1)),
     Conv("r50_conv3x3_64x56x56", (1, 64, 56, 56), (64, 64, 3, 3), pad=1),
     Conv("mnv2_dw3x3_96x56x56_s2", (1, 96, 56, 56), (96, 1, 3, 3), stride=2, pad=1, groups=96),
+    # ResNet-50's stem, 3x3 at 28/14/7 and a strided 3x3; ResNeXt's grouped 3x3 (4 and 16
+    # channels per group); Inception v3's 1x7 / 7x1 at 17x17, 3x3 at 35x35 and its stem at
+    # 147 and 73 (prime widths); wav2vec2-base's feature encoder (k10/s5 on 16000 samples,
+    # k3/s2 at 3199 and 199, k2/s2 at 99 frames) and its grouped positional conv (k128, g16).
+    Conv("r50_stem7x7_s2_3x224x224", (1, 3, 224, 224), (64, 3, 7, 7), stride=2, pad=3),
+    Conv("r50_conv3x3_128x28x28", (1, 128, 28, 28), (128, 128, 3, 3), pad=1),
+    Conv("r50_conv3x3_256x14x14", (1, 256, 14, 14), (256, 256, 3, 3), pad=1),
+    Conv("r50_conv3x3_512x7x7", (1, 512, 7, 7), (512, 512, 3, 3), pad=1),
+    Conv("r50_conv3x3_128x56x56_s2", (1, 128, 56, 56), (128, 128, 3, 3), stride=2, pad=1),
+    Conv("rx50_g32_3x3_128x56x56", (1, 128, 56, 56), (128, 4, 3, 3), pad=1, groups=32),
+    Conv("rx50_g32_3x3_512x14x14", (1, 512, 14, 14), (512, 16, 3, 3), pad=1, groups=32),
+    Conv("inc_1x7_128x17x17", (1, 128, 17, 17), (128, 128, 1, 7), pad=(0, 3)),
+    Conv("inc_7x1_128x17x17_to192", (1, 128, 17, 17), (192, 128, 7, 1), pad=(3, 0)),
+    Conv("inc_3x3_64x35x35_to96", (1, 64, 35, 35), (96, 64, 3, 3), pad=1),
+    Conv("inc_stem3x3_32x147x147_to64", (1, 32, 147, 147), (64, 32, 3, 3), pad=1),
+    Conv("inc_stem3x3_80x73x73_to192", (1, 80, 73, 73), (192, 80, 3, 3)),
+    Conv("w2v_conv1d_k10s5_1x16000", (1, 1, 16000), (512, 1, 10), stride=5),
+    Conv("w2v_conv1d_k3s2_512x3199", (1, 512, 3199), (512, 512, 3), stride=2),
+    Conv("w2v_conv1d_k3s2_512x199", (1, 512, 199), (512, 512, 3), stride=2),
+    Conv("w2v_conv1d_k2s2_512x99", (1, 512, 99), (512, 512, 2), stride=2),
+    Conv("w2v_posconv_k128g16_768x49", (1, 768, 49), (768, 48, 128), pad=64, groups=16),
 ]
 
 
@@ -111,8 +141,9 @@ def conv_module(case: Conv, rng):
     xv = relax.Var("x", relax.TensorType(case.x, "float32"))
     with bb.function("main", [xv]):
         with bb.dataflow():
-            gv = bb.emit_output(relax.op.nn.conv2d(xv, relax.const(w), strides=case.stride,
-                                                   padding=case.pad, groups=case.groups))
+            op = relax.op.nn.conv1d if len(case.x) == 3 else relax.op.nn.conv2d
+            gv = bb.emit_output(op(xv, relax.const(w), strides=case.stride, padding=case.pads,
+                                   groups=case.groups))
         bb.emit_func_output(gv)
     ref = torch_call(case, (x, w, None))().numpy()
     return bb.get(), {"x": x}, ref, (x, w, None)
@@ -153,8 +184,8 @@ def torch_call(case: Case | Conv, arrays):
 
     if isinstance(case, Conv):
         x, w = torch.from_numpy(arrays[0]), torch.from_numpy(arrays[1])
-        return lambda: torch.nn.functional.conv2d(x, w, stride=case.stride, padding=case.pad,
-                                                  groups=case.groups)
+        conv = torch.nn.functional.conv1d if len(case.x) == 3 else torch.nn.functional.conv2d
+        return lambda: conv(x, w, stride=case.stride, padding=case.pads, groups=case.groups)
     a, b, bias = (torch.from_numpy(x) for x in arrays)
     if case.bias and not case.trans_b and b.ndim == 2:
         w = b.t().contiguous()  # nn.Linear's (out, in) weight
@@ -212,12 +243,48 @@ def memory_section(args, target) -> None:
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
+def corpus_convs(names: list[str]) -> list[Conv]:
+    """Every distinct ``conv1d`` / ``conv2d`` call (shapes, stride, padding, groups) in the
+    imported modules of ``names``; dilated ones and asymmetric padding are left out (``Conv``
+    does not express them)."""
+    from tvm_costfuse.models import corpus
+
+    ops = {"relax.nn.conv1d", "relax.nn.conv2d"}
+    seen, out = set(), []
+    for name in names:
+        mod = corpus.load(name, small=False)[0]
+
+        def visit(expr, model=name):
+            if not (isinstance(expr, relax.Call) and getattr(expr.op, "name", None) in ops):
+                return
+            attrs = expr.attrs
+            dims = len(expr.args[0].ty.shape.values) - 2
+            pads = [int(p) for p in attrs.padding]
+            strides = {int(s) for s in attrs.strides}
+            if (any(int(d) != 1 for d in attrs.dilation) or len(strides) != 1
+                    or pads[:dims] != pads[dims:]):
+                return
+            x, w = (tuple(int(d) for d in a.ty.shape.values) for a in expr.args[:2])
+            key = (x, w, *strides, tuple(pads[:dims]), int(attrs.groups))
+            if key not in seen:
+                seen.add(key)
+                tag = "x".join(map(str, x[1:])) + "_k" + "x".join(map(str, w[2:]))
+                out.append(Conv(f"{model}_{tag}_s{key[2]}_g{key[4]}", x, w, key[2],
+                                key[3], key[4]))
+
+        relax.analysis.post_order_visit(mod["main"], visit)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--cases", nargs="*", help="substrings of case names to keep")
     ap.add_argument("--from-corpus", nargs="*", default=[], metavar="MODEL")
+    ap.add_argument("--convs-from-corpus", nargs="*", default=[], metavar="MODEL",
+                    help="add every distinct convolution of these corpus models")
+    ap.add_argument("--no-builtin", action="store_true", help="only the corpus cases")
     ap.add_argument("--peak", action="store_true",
                     help="also time calibrate's FMA-chain kernel: each kernel's share of peak")
     ap.add_argument("--classes", nargs="*", default=list(KERNEL_CLASSES), choices=KERNEL_CLASSES,
@@ -226,7 +293,10 @@ def main() -> None:
 
     target = host_target(args.threads)
     tvm.get_global_func("runtime.config_threadpool")(1, args.threads)  # TVM's pool = torch's
-    cases = CASES + corpus_cases(args.from_corpus) if "contraction" in args.classes else []
+    cases = []
+    if "contraction" in args.classes:
+        cases = ([] if args.no_builtin else CASES) + corpus_cases(args.from_corpus) \
+            + corpus_convs(args.convs_from_corpus)
     if args.cases:
         cases = [c for c in cases if any(s in c.name for s in args.cases)]
     try:

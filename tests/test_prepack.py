@@ -67,6 +67,35 @@ def test_packed_is_tile_major():
             assert list(p[jo, k]) == list(value[k, 4 * jo:4 * jo + 4])
 
 
+def test_packed_leading_is_channel_panels():
+    """A convolution weight (F, C, K) as (F / tile, C, K, tile): output channels innermost."""
+    value = np.arange(8 * 3 * 2, dtype="float32").reshape(8, 3, 2)
+    p = packed(value, 4, leading=True)
+    assert p.shape == (2, 3, 2, 4)
+    for fo in range(2):
+        for c in range(3):
+            for k in range(2):
+                assert list(p[fo, c, k]) == list(value[4 * fo:4 * fo + 4, c, k])
+
+
+def test_square_weight_is_packed_along_its_columns():
+    """A (N, N) weight's two packings have one shape: the Linear's (trailing) one is meant."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 16, 256)).astype("float32")
+    w = rng.standard_normal((256, 256)).astype("float32")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType((1, 16, 256), "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(xv, relax.const(w)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert any(len(s) == 3 for s in _weight_shapes(_scheduled(mod)))  # it was packed
+    got = run(tvm.compile(mod, TARGET, relax_pipeline=strategy_pipeline("tvm", TARGET)),
+              {"x": x})[0]
+    np.testing.assert_allclose(got, x @ w, rtol=1e-4, atol=1e-4 * float(np.abs(x @ w).max()))
+
+
 @pytest.mark.parametrize("bind", [True, False], ids=["constant", "input"])
 def test_constant_weight_is_packed_input_is_not(bind):
     mod, _ = _linear(bind)

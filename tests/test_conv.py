@@ -1,0 +1,233 @@
+"""The direct convolution kernel (schedules/conv.py): the NC(H)W convolutions the importers emit
+(windowed, strided, grouped, 1-d, ragged widths, odd channel counts) get it, with the weight
+packed at compile time and the epilogue fused; numbers match PyTorch; its inner loop is vector
+FMAs on registers.
+
+Structural checks use explicit ISAs (AVX2 ``haswell``, AVX-512 ``skylake-avx512``) and only
+compile; numeric checks run on this host's ISA and on generic x86-64 (SSE2, 4 lanes).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm_costfuse.schedules import Contraction
+from tvm_costfuse.schedules.conv import _operand_registers, choose_conv_tile
+from tvm_costfuse.schedules.gemm import accumulator_budget
+from tvm_costfuse.schedules.prepack import mark_constant_weights
+
+from tvm_costfuse.measurement.timing import run
+from tvm_costfuse.pipelines import fuse
+from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
+from tvm_costfuse.targets import host_target, isa
+
+torch = pytest.importorskip("torch")
+
+HOST = host_target(2)
+GENERIC = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 2})
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+ISAS = pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+
+# name: (input shape, weight shape, stride, padding per spatial dim, groups, residual add)
+CASES = {
+    "3x3_s1_p1": ((1, 32, 14, 14), (32, 32, 3, 3), 1, (1, 1), 1, True),
+    "3x3_s2": ((1, 16, 15, 15), (32, 16, 3, 3), 2, (1, 1), 1, False),
+    "7x7_s2_p3": ((1, 3, 32, 32), (32, 3, 7, 7), 2, (3, 3), 1, False),
+    "1x7_odd_channels": ((1, 24, 9, 9), (40, 24, 1, 7), 1, (0, 3), 1, False),
+    "7x1_odd_channels": ((1, 40, 9, 9), (24, 40, 7, 1), 1, (3, 0), 1, False),
+    "grouped_3x3": ((1, 64, 8, 8), (64, 16, 3, 3), 1, (1, 1), 4, True),
+    "conv1d_k10_s5": ((1, 1, 400), (32, 1, 10), 5, (0,), 1, False),
+    "conv1d_k3_s2": ((1, 32, 79), (32, 32, 3), 2, (0,), 1, False),
+    "conv1d_grouped_k16": ((1, 64, 20), (64, 16, 16), 1, (8,), 4, False),
+    "small_7x7": ((1, 64, 7, 7), (64, 64, 3, 3), 1, (1, 1), 1, True),
+    "odd_24_to_40_14x14": ((1, 24, 14, 14), (40, 24, 3, 3), 1, (1, 1), 1, False),
+    "prime_width_17": ((1, 16, 17, 17), (32, 16, 3, 3), 1, (1, 1), 1, True),
+}
+
+
+def _arrays(case):
+    x_shape, w_shape, _, _, _, residual = case
+    rng = np.random.default_rng(0)
+    f = w_shape[0]
+    return {
+        "x": rng.standard_normal(x_shape).astype("float32"),
+        "w": (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype("float32"),
+        "bias": rng.standard_normal(f).astype("float32"),
+        "scale": rng.uniform(0.5, 1.5, f).astype("float32"),
+        "shift": rng.standard_normal(f).astype("float32"),
+        "res": rng.standard_normal(_out_shape(case)).astype("float32") if residual else None,
+    }
+
+
+def _out_shape(case):
+    x_shape, w_shape, stride, pad, _, _ = case
+    spatial = [(n + 2 * p - k) // stride + 1 for n, k, p in zip(x_shape[2:], w_shape[2:], pad)]
+    return (x_shape[0], w_shape[0], *spatial)
+
+
+def _module(case, a):
+    """conv -> + bias -> BN (scale, shift) -> ReLU [-> + residual], weights constant."""
+    x_shape, w_shape, stride, pad, groups, residual = case
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    params, inputs = [x], {"x": a["x"]}
+    if residual:
+        r = relax.Var("res", relax.TensorType(_out_shape(case), "float32"))
+        params.append(r)
+        inputs["res"] = a["res"]
+    per_channel = (w_shape[0],) + (1,) * (len(x_shape) - 2)
+    op = relax.op.nn.conv1d if len(x_shape) == 3 else relax.op.nn.conv2d
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(op(x, relax.const(a["w"]), strides=stride, padding=pad, groups=groups))
+            for name, combine in (("bias", relax.op.add), ("scale", relax.op.multiply),
+                                  ("shift", relax.op.add)):
+                y = bb.emit(combine(y, relax.const(a[name].reshape(per_channel))))
+            y = bb.emit(relax.op.nn.relu(y))
+            if residual:
+                y = bb.emit(relax.op.add(y, r))
+            gv = bb.emit_output(y)
+        bb.emit_func_output(gv)
+    return bb.get(), inputs
+
+
+def _reference(case, a):
+    _, _, stride, pad, groups, residual = case
+    conv = torch.nn.functional.conv1d if len(case[0]) == 3 else torch.nn.functional.conv2d
+    t = {k: torch.from_numpy(v) for k, v in a.items() if v is not None}
+    per_channel = (-1,) + (1,) * (len(case[0]) - 2)
+    y = conv(t["x"], t["w"], t["bias"], stride=stride, padding=pad, groups=groups)
+    y = torch.relu(y * t["scale"].view(per_channel) + t["shift"].view(per_channel))
+    return (y + t["res"] if residual else y).numpy()
+
+
+def _conv_funcs(mod, target):
+    """The fused conv PrimFuncs of ``mod`` with their constant weights marked."""
+    fused = mark_constant_weights(fuse(mod, target, fusion_pass("tvm", target)))
+    return [f for gv, f in fused.functions.items()
+            if isinstance(f, tirx.PrimFunc) and "conv" in gv.name_hint]
+
+
+def _assert_conv_kernel(func, target, rank):
+    """The contraction rule gave ``func`` the conv kernel: a weight parameter packed as
+    ``(F / cols, IC, K.., cols)`` panels and the update vectorized over channels."""
+    sch = Contraction().apply(func, target, False)
+    assert sch is not None, "the contraction rule did not apply"
+    out = sch.mod["main"]
+    packed = [p for p in out.params if len(p.shape) == rank + 1]
+    assert len(packed) == 1, [tuple(p.shape) for p in out.params]
+    cols = int(packed[0].shape[-1])
+    loops: list = []
+    tvm_ffi.structural_walk(out.body, (tirx.For, loops.append), order="pre")
+    update = [lp for lp in loops if lp.kind == tirx.ForKind.VECTORIZED
+              and "_update" in lp.body.script()]
+    assert update and int(update[0].extent) == cols
+    return out
+
+
+@pytest.mark.parametrize("target", [HOST, GENERIC], ids=["host", "x86-64"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conv_matches_pytorch_with_fused_epilogue(name, target):
+    case = CASES[name]
+    a = _arrays(case)
+    mod, inputs = _module(case, a)
+    funcs = _conv_funcs(mod, target)
+    assert len(funcs) == 1  # conv, BN, ReLU and the residual add: one kernel
+    with target:
+        _assert_conv_kernel(funcs[0], target, len(case[1]))
+    ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
+    got = run(ex, inputs)[0]
+    ref = _reference(case, a)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+@ISAS
+@pytest.mark.parametrize("channels,per_group,height,width", [
+    (64, 64, 56, 56), (192, 192, 17, 17), (512, 512, 1, 1599), (768, 48, 1, 49), (48, 48, 14, 14)])
+def test_tile_fits_the_register_file(target, channels, per_group, height, width):
+    lanes, registers = isa.vector_lanes(target, "float32"), isa.vector_registers(target)
+    tile = choose_conv_tile(channels, per_group, height, width, lanes, registers)
+    assert tile is not None and per_group % tile.cols == 0 and tile.lanes <= lanes
+    assert tile.height * tile.width * tile.vectors <= accumulator_budget(registers)
+    assert tile.height * tile.width * tile.vectors >= min(8, height * width)  # latency hidden
+
+
+def test_depthwise_and_narrow_groups_keep_the_general_tiling():
+    lanes, registers = isa.vector_lanes(AVX512, "float32"), isa.vector_registers(AVX512)
+    assert choose_conv_tile(128, 4, 56, 56, lanes, registers) is None  # ResNeXt's 4 per group
+    case = ((1, 32, 14, 14), (32, 1, 3, 3), 1, (1, 1), 32, False)  # depthwise
+    func = _conv_funcs(_module(case, _arrays(case))[0], AVX512)[0]
+    with AVX512:
+        out = Contraction().apply(func, AVX512, False).mod["main"]
+    assert all(len(p.shape) <= 4 for p in out.params)  # no channel panels
+
+
+def _inner_loop(asm: str) -> str:
+    """The basic block with the most FMAs (the kernel's reduction step)."""
+    blocks = [re.split(r"\n\tj\w+\s", b)[0] for b in re.split(r"\n\.LBB\w+:", asm)]
+    return max(blocks, key=lambda b: b.count("vfmadd"))
+
+
+@ISAS
+@pytest.mark.parametrize("name", ["3x3_s1_p1", "conv1d_k3_s2", "grouped_3x3", "prime_width_17"])
+def test_inner_loop_is_fmas_on_registers(target, name):
+    """Compile only (explicit ISA): the reduction step is full-width FMAs, no stack traffic."""
+    case = CASES[name]
+    func = _conv_funcs(_module(case, _arrays(case))[0], target)[0]
+    with target:
+        func = _assert_conv_kernel(func, target, len(case[1]))
+    ex = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
+    body = _inner_loop(ex.mod.inspect_source("asm"))
+    reg = "zmm" if isa.vector_bits(target) == 512 else "ymm"
+    fmas = [ln for ln in body.splitlines() if "vfmadd" in ln]
+    assert len(fmas) >= 8 and all(reg in ln for ln in fmas)
+    stack = [ln for ln in body.splitlines() if "rsp" in ln]
+    _, w_shape, stride, _, groups, _ = case
+    out = _out_shape(case)
+    lanes, registers = isa.vector_lanes(target, "float32"), isa.vector_registers(target)
+    tile = choose_conv_tile(w_shape[0], w_shape[0] // groups, out[-2] if len(out) == 4 else 1,
+                            out[-1], lanes, registers, (w_shape[-1], stride, 1))
+    fits = tile.height * tile.width * tile.vectors + _operand_registers(
+        tile.height, tile.width, tile.vectors, (w_shape[-1], stride, 1)) <= registers
+    if fits:
+        assert not stack  # no spill or reload
+    else:  # a latency-hiding tile chosen over a spill-free one: a few input reloads
+        assert len(stack) <= len(fmas) // 4
+
+
+def test_weight_passed_as_input_is_packed_per_call():
+    """A weight that is a function input is copied into channel panels inside the kernel."""
+    x_shape, w_shape = (1, 16, 10, 10), (32, 16, 3, 3)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(x_shape).astype("float32")
+    w = rng.standard_normal(w_shape).astype("float32")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    wv = relax.Var("w", relax.TensorType(w_shape, "float32"))
+    with bb.function("main", [xv, wv]):
+        with bb.dataflow():
+            gv = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(xv, wv, padding=1)))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    func = _conv_funcs(mod, HOST)[0]
+    with HOST:
+        out = Contraction().apply(func, HOST, False).mod["main"]
+    panels = []
+
+    def visit(block):
+        panels.extend(tuple(int(d) for d in b.shape) for b in block.alloc_buffers
+                      if len(b.shape) == 5)
+
+    tvm_ffi.structural_walk(out.body, (s_tir.SBlock, visit))
+    assert len(panels) == 1 and panels[0][1:4] == (16, 3, 3)
+    ex = tvm.compile(mod, HOST, relax_pipeline=strategy_pipeline("tvm", HOST))
+    got = run(ex, {"x": x, "w": w})[0]
+    ref = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w),
+                                                padding=1)).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
