@@ -156,12 +156,22 @@ def simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
     reshape ran at 0.2 of the stream's bandwidth). Simplified first, the loads are contiguous.
     """
 
-    def per_block(block):
+    def simplified(block):
         analyzer = Analyzer()
         for iv in block.iter_vars:
             analyzer.bind(iv.var, tvm.ir.Range.from_min_extent(iv.dom.min, iv.dom.extent))
-        body = tvm_ffi.structural_map(
+        return tvm_ffi.structural_map(
             block.body, ((tirx.FloorDiv, tirx.FloorMod), analyzer.simplify))
+
+    return map_block_bodies(func, simplified)
+
+
+def map_block_bodies(func: tirx.PrimFunc, rewrite) -> tirx.PrimFunc:
+    """``func`` with each block's body replaced by ``rewrite(block)`` (the block itself, and
+    ``func``, kept where nothing changed)."""
+
+    def per_block(block):
+        body = rewrite(block)
         if body.same_as(block.body):
             return block
         return s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,

@@ -13,6 +13,7 @@ from ._common import (
     inline_spatial,
     int_extent,
     is_spatial,
+    map_block_bodies,
     root_blocks,
     simplify_indices,
     vector_lanes,
@@ -145,9 +146,9 @@ def _reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
     With ``1 / b`` loop-invariant, LLVM computes it once per row.
     """
 
-    def per_block(block):
+    def reciprocal(block):
         if not block.iter_vars or not is_spatial(block):
-            return block
+            return block.body
         col = block.iter_vars[-1].var
 
         def div(node):
@@ -156,15 +157,9 @@ def _reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
             one = tirx.FloatImm(str(node.ty), 1.0)
             return tirx.Mul(node.a, tirx.Div(one, node.b))
 
-        body = tvm_ffi.structural_map(block.body, (tirx.Div, div))
-        if body.same_as(block.body):
-            return block
-        return s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,
-                            block.init, block.alloc_buffers, block.match_buffers,
-                            block.annotations)
+        return tvm_ffi.structural_map(block.body, (tirx.Div, div))
 
-    body = tvm_ffi.structural_map(func.body, (s_tir.SBlock, per_block))
-    return func if body.same_as(func.body) else func.with_body(body)
+    return map_block_bodies(func, reciprocal)
 
 
 class RowReduction(SafeRule):
