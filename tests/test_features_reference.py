@@ -106,7 +106,7 @@ def reference_features(graph, members) -> GroupFeatures:
                         for n in nodes if n.name not in prologue and len(n.outputs) > 1),
         prologue_compute=sum(cls[p] != "injective" for p in prologue),
         op_work=tuple((cls[n.name] == "contraction", n.flops, _elems(n), n.name in prologue,
-                       math(n)) for n in calls),
+                       math(n), n.geometry) for n in calls),
         window_reductions=sum(cls[n.name] == "reduction" and _is_window(n) for n in nodes),
         math=sum(math(n) for n in nodes),
         reshaping_ops=sum(is_move(n) and n.name not in prologue for n in nodes)

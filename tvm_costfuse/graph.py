@@ -24,6 +24,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir
 
+from .schedules.efficiency import describe as contraction_geometry
 from .schedules.fast_math import is_integer_power
 from .schedules.math_calls import MATH_COST
 
@@ -86,6 +87,9 @@ class Node:
     view: bool = False
     reshape_like: bool = False
     math: float = 0.0  # exp, log, tanh, erf... per invocation, in exp-equivalents (``schedules.math_calls.MATH_COST``)
+    # A contraction's block as the CPU rule sees it (``schedules.efficiency.describe``): what
+    # the cost model reads the kernel's share of the FMA peak from. None for other ops.
+    geometry: tuple | None = None
 
     @property
     def fusable(self) -> bool:
@@ -183,13 +187,22 @@ def _integer_powers(body) -> int:
     return sum(found)
 
 
-def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, float]:
-    """(pattern, FLOPs, reduction extent, math work in exp-equivalents) of one PrimFunc."""
+def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, float,
+                                                       tuple | None]:
+    """(pattern, FLOPs, reduction extent, math work in exp-equivalents, contraction geometry)
+    of one PrimFunc. The geometry is read only where a reduction does at least one
+    multiply-add per reduced element (the contraction test of ``cost.features.op_class``)."""
     func = mod[gvar]
     attrs = func.attrs or {}
     pattern = OpPattern(int(attrs["op_pattern"])) if "op_pattern" in attrs else OpPattern.OPAQUE
     flops = float(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
-    return (pattern, flops, *_block_facts(func))
+    red, math_work = _block_facts(func)
+    out = sum(math.prod(int(s) for s in buf.shape) if all(
+        isinstance(s, tvm.tirx.IntImm) for s in buf.shape) else 0
+        for buf in list(func.params)[-1:])
+    geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
+        else None
+    return pattern, flops, red, math_work, geometry
 
 
 def _leaves(expr) -> list:
@@ -297,7 +310,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 and isinstance(value, relax.Call)
                 and value.op.same_as(_CALL_TIR)
             ):
-                pattern, flops, red, math = _prim_func_facts(mod, value.args[0])
+                pattern, flops, red, math, geometry = _prim_func_facts(mod, value.args[0])
                 why = (
                     f"its PrimFunc {value.args[0].name_hint!r} is opaque (op_pattern 8)"
                     if pattern == OpPattern.OPAQUE
@@ -308,7 +321,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
                             tuple(inputs), outputs, tuple(sizes), flops, in_bytes,
                             _nbytes(outputs), red, why, block_index, view, reshape_like,
-                            math)
+                            math, geometry)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,

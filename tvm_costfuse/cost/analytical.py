@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..schedules._common import MIN_PARALLEL_FMAS, MIN_PARALLEL_ITERS
 from ..schedules.classes import ScheduleClass as SC
+from ..schedules.efficiency import fraction_of_peak
 from .features import GroupFeatures
 
 # Fraction of peak FP32 each schedule class reaches. CPU: the register-blocked micro-kernel
@@ -33,6 +34,10 @@ from .features import GroupFeatures
 # 114 GFLOP/s one-core FMA-chain peak (LayerNorm 197x768 and 128x768, wav2vec2's GroupNorm
 # 512x3199; ``bench_kernels.py --classes reduction``, docs/benchmarks.md), where 0.05 had
 # priced the scalar reduction loops before them.
+# On CPU a contraction with a known block geometry (``Node.geometry``) is priced at the share
+# its rule's own tile reaches (``schedules/efficiency.py``: 0.19-0.93 measured, by shape);
+# the CONTRACTION entry below prices the rest (stored rows from before the geometry, symbolic
+# shapes).
 _EFF = {
     "cpu": {SC.CONTRACTION: 0.55, SC.CONTRACTION_STREAM: 0.55, SC.REDUCTION: 0.25,
             SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05},
@@ -122,8 +127,8 @@ def _parallel_efficiency(elems: int, dtype_bytes: int, target) -> float:
 
 
 def _work(f: GroupFeatures) -> tuple[tuple, ...]:
-    """Per-op (is_contraction, FLOPs, output elements[, in_prologue[, math]]); one entry for
-    the whole group when the features carry no per-op split."""
+    """Per-op (is_contraction, FLOPs, output elements[, in_prologue[, math[, geometry]]]);
+    one entry for the whole group when the features carry no per-op split."""
     return f.op_work or ((f.contraction_flops > 0, f.flops, f.out_elems, False, f.math),)
 
 
@@ -191,8 +196,18 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     math_seconds = _MATH_CORE_SECONDS[kind] / max(1, target.cores)
     full = _full_parallelism(f.dtype_bytes, target)
     stream_rate, rate = peak * stream_eff, peak * eff
+    if kind == "cpu" and schedule != SC.FALLBACK:
+        lanes = max(1, target.vector_bits // (8 * f.dtype_bytes))
+
+        def rate_of(w) -> float:
+            if len(w) > 5 and w[5] is not None:  # the rule's own tile for this block
+                return peak * fraction_of_peak(w[5], lanes, target.vector_regs)[1]
+            return contraction_rate
+    else:
+        def rate_of(w) -> float:
+            return contraction_rate
     compute = sum([
-        (w[1] / (contraction_rate if w[0] else stream_rate if w[3:4] == (True,) else rate)
+        (w[1] / (rate_of(w) if w[0] else stream_rate if w[3:4] == (True,) else rate)
          + (w[4] if len(w) > 4 else 0.0) * math_seconds)
         / min(1.0, max(w[2], 1) / full)
         for w in _work(f)

@@ -75,8 +75,8 @@ class _NodeFacts:
         self.itemsize = _itemsize(node.outputs[0].dtype) if node.outputs else None
         self.is_call, self.view = node.kind == "call_tir", node.view
         # ``op_work`` entries, outside a prologue and in one.
-        self.work = tuple((self.contraction, node.flops, self.elems, p, node.math)
-                          for p in (False, True))
+        self.work = tuple((self.contraction, node.flops, self.elems, p, node.math,
+                           node.geometry) for p in (False, True))
 
 
 def _facts(graph: OpGraph) -> dict[str, _NodeFacts]:
@@ -107,7 +107,8 @@ def _work(f: _NodeFacts, in_prologue: bool, nested: set[str]) -> tuple:
     """``f``'s ``op_work`` entry; a nested math call is priced as the libm call it stays."""
     if f.name not in nested:
         return f.work[in_prologue]
-    return (f.contraction, f.flops, f.elems, in_prologue, f.math * NESTED_CALL_FACTOR)
+    return (f.contraction, f.flops, f.elems, in_prologue, f.math * NESTED_CALL_FACTOR,
+            f.node.geometry)
 
 
 def _prologue(facts: dict[str, _NodeFacts], member, contractions: list) -> list[_NodeFacts]:

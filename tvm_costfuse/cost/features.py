@@ -23,6 +23,11 @@ _warned_missing: set[str] = set()
 _MAC_RATIO = 1.5
 
 
+def _tupled(value):
+    """A JSON value with every list a tuple, nested ones too (features stay hashable)."""
+    return tuple(_tupled(x) for x in value) if isinstance(value, list) else value
+
+
 @functools.lru_cache(maxsize=1 << 16)  # asked for every node of every candidate group
 def op_class(node: Node) -> str:
     """contraction (matmul, conv), reduction (sum, mean, softmax...), elementwise, injective."""
@@ -132,11 +137,10 @@ class GroupFeatures:
         for f in fields(cls):
             if f.name in context:
                 v = context[f.name]
-                values[f.name] = (tuple(tuple(x) if isinstance(x, list) else x for x in v)
-                                  if isinstance(v, list) else v)
-                if f.name == "op_work":  # older rows lack in_prologue and math: defaults
-                    values[f.name] = tuple(w + (False, 0.0)[len(w) - 3:] if len(w) < 5 else w
-                                           for w in values[f.name])
+                values[f.name] = _tupled(v)
+                if f.name == "op_work":  # older rows lack in_prologue, math, geometry
+                    values[f.name] = tuple(w + (False, 0.0, None)[len(w) - 3:] if len(w) < 6
+                                           else w for w in values[f.name])
             elif f.name in by_name:
                 values[f.name] = (float if f.type in ("float", float) else int)(by_name[f.name])
         return cls(**values)

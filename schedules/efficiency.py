@@ -1,0 +1,135 @@
+"""What share of the FMA peak a contraction's kernel reaches, from the tile its rule would pick.
+
+A single efficiency per schedule class priced a Linear (0.72-0.78 of the FMA-chain peak
+measured), an attention score matmul with K = 64 (0.40) and wav2vec2's first convolution
+(10 multiply-adds per output, 0.19) alike. The rules know why they differ: the register tile
+they choose leaves lanes and rows padded, and a short reduction spends a larger share of each
+tile on initializing and writing back its accumulators. So the cost model asks the rules'
+own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycle model:
+
+    share = ideal cycles / modeled cycles of the padded tiles * K / (K + K0) * E_path
+
+- ``ideal``: the output's FMAs at full vector width, 2 per cycle; ``modeled``: the tiles'
+  cycles per reduction step as the rule's chooser counts them (FMA issue, loads, latency);
+- ``K / (K + K0)``: per tile, accumulator init, write-back and the epilogue cost about ``K0``
+  reduction steps;
+- ``E_path``: what the best-shaped kernels of each path reach on top of that (loop and address
+  overhead, cache misses the model does not see).
+
+Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
+docs/benchmarks.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
+``scripts/research/fit_efficiency.py``). What a contraction's block looks like is read once
+per PrimFunc (:func:`describe`, target-independent, stored on the graph node); the share
+needs the target's lanes and registers (:func:`fraction_of_peak`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from . import conv_shape, gemm
+from ._common import is_spatial, root_blocks
+from .conv import choose_conv_tile
+from .prepack import layout_free
+from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _tile_cycles, choose_tile
+
+__all__ = ["describe", "fraction_of_peak"]
+
+# Reduction steps' worth of work per tile outside the reduction loop (fitted; see module doc).
+K0 = 28.0
+# Best-case share of each path after tile padding and the K term (fitted).
+E_PATH = {"gemm": 0.78, "conv": 0.80, "tiled": 0.43}
+
+
+def _extent(iv) -> int | None:
+    e = iv.dom.extent
+    return int(e) if isinstance(e, tirx.IntImm) else None
+
+
+def describe(func: tirx.PrimFunc) -> tuple | None:
+    """The contraction geometry of a single-contraction PrimFunc, JSON-ready:
+    ``(k, gemm, conv, tiled)`` where ``gemm`` is ``(m, n, weight_is_param)`` or None, ``conv``
+    ``(channels, per_group, height, width, taps, stride, dilation)`` or None and ``tiled`` the
+    vectorized extent of the general tiling. None where the function has no such block or a
+    symbolic extent."""
+    try:
+        sch = s_tir.Schedule(func)
+        if normalize_prim_func(sch) is None:
+            return None
+    except (RuntimeError, ValueError, TypeError):
+        return None
+    reductions = [b for b in root_blocks(sch) if not is_spatial(sch.get(b))]
+    if len(reductions) != 1:
+        return None
+    block = sch.get(reductions[0])
+    from .contraction import _operands  # the rule's own matcher (contraction imports gemm)
+
+    operands = _operands(block)
+    if operands is None:
+        return None
+    extents = {iv.var: _extent(iv) for iv in block.iter_vars}
+    if any(e is None for e in extents.values()):
+        return None
+    k = math.prod(_extent(iv) for iv in block.iter_vars
+                  if iv.iter_type == tirx.IterVar.CommReduce)
+    store = operands[0]
+    last = store.indices[-1]
+    tiled = extents.get(last, 1) if isinstance(last, tirx.Var) else 1
+    einsum = gemm.analyze(block, *operands)
+    gemm_geom = None
+    if einsum is not None:
+        m = extents[einsum.row] if einsum.row is not None else 1
+        weight = any(p.same_as(einsum.streamed.source) for p in layout_free(sch))
+        gemm_geom = (m, extents[einsum.col], weight)
+    shape = conv_shape.analyze(block, *operands)
+    conv_geom = None
+    if shape is not None:
+        height = extents[shape.height] if shape.height is not None else 1
+        conv_geom = (extents[shape.channel], shape.per_group, height, extents[shape.width],
+                     *shape.window)
+    return (k, gemm_geom, conv_geom, tiled)
+
+
+def _gemm_share(m: int, n: int, weight: bool, lanes: int, registers: int) -> float | None:
+    if n < lanes:
+        return None  # the rule keeps the general tiling for rows narrower than a vector
+    tile = choose_tile(m, n, lanes, registers, cols_must_divide=weight)
+    if tile is None:
+        return None
+    return (m * n / lanes / 2) / _tile_cycles(tile, m, n)
+
+
+def _conv_share(channels, per_group, height, width, taps, stride, dilation, lanes,
+                registers) -> float | None:
+    tile = choose_conv_tile(channels, per_group, height, width, lanes, registers,
+                            (taps, stride, dilation))
+    if tile is None:
+        return None
+    fmas = tile.height * tile.width * tile.vectors
+    step = max(fmas / 2, (tile.height * tile.width + tile.vectors) / _LOADS_PER_CYCLE,
+               _FMA_LATENCY)
+    tiles = (channels // (tile.vectors * tile.lanes)) * (height // tile.height) \
+        * -(-width // tile.width)
+    return (channels * height * width / lanes / 2) / (tiles * step)
+
+
+@functools.lru_cache(maxsize=4096)  # asked per estimate; the tile search is a few hundred steps
+def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
+    """(path, share of the FMA peak) of the kernel the CPU contraction rule builds for a block
+    of this :func:`describe` geometry on a target with ``lanes`` float lanes and ``registers``
+    vector registers. The path is the one the rule tries first that fits: the micro-kernel,
+    the direct convolution, else the general tiling."""
+    k, gemm_geom, conv_geom, tiled = geometry
+    reduce = k / (k + K0)
+    share = _gemm_share(*gemm_geom, lanes, registers) if gemm_geom else None
+    if share is not None:
+        return "gemm", E_PATH["gemm"] * share * reduce
+    share = _conv_share(*conv_geom, lanes, registers) if conv_geom else None
+    if share is not None:
+        return "conv", E_PATH["conv"] * share * reduce
+    fill = tiled / (-(-tiled // lanes) * lanes)
+    return "tiled", E_PATH["tiled"] * fill * reduce

@@ -1,0 +1,109 @@
+"""Fit ``schedules/efficiency.py``'s constants (K0, E_PATH) to measured kernels; print the fit.
+
+The measured share of the FMA-chain peak per kernel is ``scripts/bench_kernels.py --peak``'s
+``tvm/peak`` column as docs/benchmarks.md records it (1 thread, emeraldrapids, AVX-512: the
+quiet GEMM run of 12:10 UTC and the conv run of 15:38 UTC). The geometry of each kernel is
+read the way the cost model reads it (``graph.build_graph`` on the prepared module), so the
+fit sees exactly what the planner will. Prints each kernel's predicted and measured share, the
+fitted constants, and how far the single ``_EFF`` constant (0.55) was from the same figures.
+
+    python scripts/research/fit_efficiency.py [--lanes 16 --registers 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import minimize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_kernels import CASES, Conv, conv_module, relax_module  # noqa: E402
+
+from tvm_costfuse.graph import build_graph  # noqa: E402
+from tvm_costfuse.pipelines import prepare  # noqa: E402
+from tvm_costfuse.schedules import efficiency  # noqa: E402
+
+# tvm/peak per kernel, from docs/benchmarks.md (sections "Contractions at library speed on
+# CPU" and "Direct convolution kernel on CPU"). The depthwise conv is left out: its kernel
+# is being replaced.
+MEASURED = {
+    "linear_197x384x1536": 0.74, "vit_qkv_197x768x2304": 0.72, "vit_fc1_197x768x3072": 0.78,
+    "vit_fc2_197x3072x768": 0.77, "vit_qkT_12x197x64x197": 0.40, "vit_pv_12x197x197x64": 0.54,
+    "bert_qkT_12x128x64x128": 0.58, "bcast_b_12x197x64x64": 0.65,
+    "r50_conv1x1_64x56x56_to256": 0.55, "r50_conv1x1_256x14x14_to1024": 0.69,
+    "r50_conv3x3_64x56x56": 0.84, "r50_stem7x7_s2_3x224x224": 0.54,
+    "r50_conv3x3_128x28x28": 0.90, "r50_conv3x3_256x14x14": 0.93, "r50_conv3x3_512x7x7": 0.86,
+    "r50_conv3x3_128x56x56_s2": 0.71, "rx50_g32_3x3_128x56x56": 0.21,
+    "rx50_g32_3x3_512x14x14": 0.74, "inc_1x7_128x17x17": 0.63, "inc_7x1_128x17x17_to192": 0.68,
+    "inc_3x3_64x35x35_to96": 0.87, "inc_stem3x3_32x147x147_to64": 0.74,
+    "inc_stem3x3_80x73x73_to192": 0.74, "w2v_conv1d_k10s5_1x16000": 0.19,
+    "w2v_conv1d_k3s2_512x3199": 0.54, "w2v_conv1d_k3s2_512x199": 0.74,
+    "w2v_conv1d_k2s2_512x99": 0.78, "w2v_posconv_k128g16_768x49": 0.63,
+}
+
+
+def geometries() -> dict[str, tuple]:
+    rng = np.random.default_rng(0)
+    out = {}
+    for case in CASES:
+        if case.name not in MEASURED:
+            continue
+        mod = (conv_module if isinstance(case, Conv) else relax_module)(case, rng)[0]
+        graph = build_graph(prepare(mod, {"kind": "llvm"}))
+        geoms = [n.geometry for n in graph.nodes if n.geometry is not None]
+        if len(geoms) != 1:
+            raise SystemExit(f"{case.name}: {len(geoms)} contraction geometries, expected 1")
+        out[case.name] = geoms[0]
+    return out
+
+
+def predict(geom, lanes, registers, k0, e_path) -> tuple[str, float]:
+    path, share = efficiency.fraction_of_peak.__wrapped__(geom, lanes, registers)
+    # undo the module's constants, apply the trial ones
+    k = geom[0]
+    raw = share / efficiency.E_PATH[path] / (k / (k + efficiency.K0))
+    return path, e_path[path] * raw * k / (k + k0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lanes", type=int, default=16)
+    ap.add_argument("--registers", type=int, default=32)
+    args = ap.parse_args()
+    geoms = geometries()
+    names = list(geoms)
+    paths = sorted({efficiency.fraction_of_peak(geoms[n], args.lanes, args.registers)[0]
+                    for n in names})
+
+    def loss(x):
+        k0, e = x[0], dict(zip(paths, x[1:], strict=True))
+        return sum(math.log(predict(geoms[n], args.lanes, args.registers, k0, e)[1]
+                            / MEASURED[n]) ** 2 for n in names)
+
+    start = [efficiency.K0] + [efficiency.E_PATH[p] for p in paths]
+    fit = minimize(loss, start, method="Nelder-Mead", options={"xatol": 1e-3, "maxiter": 4000})
+    k0, e = fit.x[0], dict(zip(paths, fit.x[1:], strict=True))
+    print(f"{'kernel':32s} {'path':5s} {'K':>6s} {'measured':>8s} {'module':>7s} "
+          f"{'fitted':>7s} {'const':>6s}")
+    errs = {"module": [], "fitted": [], "const": []}
+    for n in names:
+        path, mod_share = efficiency.fraction_of_peak(geoms[n], args.lanes, args.registers)
+        fitted = predict(geoms[n], args.lanes, args.registers, k0, e)[1]
+        print(f"{n:32s} {path:5s} {geoms[n][0]:6d} {MEASURED[n]:8.2f} {mod_share:7.2f} "
+              f"{fitted:7.2f} {0.55:6.2f}")
+        for key, v in (("module", mod_share), ("fitted", fitted), ("const", 0.55)):
+            errs[key].append(abs(math.log(v / MEASURED[n])))
+    print(f"fitted: K0 = {k0:.1f}, " + ", ".join(f"E_PATH[{p!r}] = {v:.2f}"
+                                                 for p, v in e.items()))
+    for key, v in errs.items():
+        ratios = np.exp(v)
+        print(f"{key:7s}: median |pred/meas| {np.median(ratios):.2f}x, "
+              f"p90 {np.percentile(ratios, 90):.2f}x, worst {ratios.max():.2f}x")
+
+
+if __name__ == "__main__":
+    main()

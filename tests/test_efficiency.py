@@ -1,0 +1,109 @@
+"""The contraction kernel's share of the FMA peak, as the cost model reads it from the rules'
+tile choice: geometry read from real PrimFuncs, the path each rule would take, and the shape
+effects the one-constant efficiency could not see (short reductions, ragged tiles, narrow
+groups), on fixed AVX2 and AVX-512 register files, never the host's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from tvm import relax
+
+from tvm_costfuse import build_graph
+from tvm_costfuse.cost import analytical, group_features
+from tvm_costfuse.pipelines import prepare
+from tvm_costfuse.schedules.efficiency import fraction_of_peak
+from tvm_costfuse.targets import host
+
+AVX512 = (16, 32)  # float32 lanes, vector registers
+AVX2 = (8, 16)
+
+
+def _graph(build):
+    bb = relax.BlockBuilder()
+    build(bb)
+    return build_graph(prepare(bb.get(), {"kind": "llvm"}))
+
+
+def _matmul(m, k, n, batch=()):
+    def build(bb):
+        a = relax.Var("a", relax.TensorType((*batch, m, k), "float32"))
+        b = relax.Var("b", relax.TensorType((*batch, k, n), "float32"))
+        with bb.function("main", [a, b]):
+            with bb.dataflow():
+                gv = bb.emit_output(relax.op.matmul(a, b))
+            bb.emit_func_output(gv)
+    return _graph(build)
+
+
+def _conv(c, f, hw, kernel, groups=1, stride=1):
+    w = np.zeros((f, c // groups, kernel, kernel), "float32")
+
+    def build(bb):
+        x = relax.Var("x", relax.TensorType((1, c, hw, hw), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                gv = bb.emit_output(relax.op.nn.conv2d(x, relax.const(w), strides=stride,
+                                                       padding=kernel // 2, groups=groups))
+            bb.emit_func_output(gv)
+    return _graph(build)
+
+
+def _geometry(graph):
+    found = [n.geometry for n in graph.nodes if n.geometry is not None]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_matmul_geometry_and_short_reductions_cost_a_share():
+    long_k = _geometry(_matmul(192, 768, 768))
+    short_k = _geometry(_matmul(192, 64, 768))
+    assert long_k[0] == 768 and long_k[1][:2] == (192, 768)
+    for regs in (AVX512, AVX2):
+        path, share_long = fraction_of_peak(long_k, *regs)
+        path_short, share_short = fraction_of_peak(short_k, *regs)
+        assert path == path_short == "gemm"
+        assert 0.5 < share_long < 1.0
+        assert share_short < 0.8 * share_long  # K = 64: init and write-back weigh more
+
+
+def test_ragged_columns_cost_their_padding():
+    exact = fraction_of_peak(_geometry(_matmul(192, 256, 192, batch=(4,))), *AVX512)[1]
+    ragged = fraction_of_peak(_geometry(_matmul(192, 256, 197, batch=(4,))), *AVX512)[1]
+    assert ragged < exact
+
+
+def test_convolution_paths():
+    dense = _geometry(_conv(64, 64, 28, 3))
+    assert dense[2] is not None and dense[2][:2] == (64, 64)  # channels, channels per group
+    assert fraction_of_peak(dense, *AVX512)[0] == "conv"
+    assert fraction_of_peak(dense, *AVX2)[0] == "conv"
+    # four channels per group cannot fill a vector of channels: the general tiling
+    narrow = _geometry(_conv(128, 128, 28, 3, groups=32))
+    path, share = fraction_of_peak(narrow, *AVX512)
+    assert path == "tiled" and share < fraction_of_peak(dense, *AVX512)[1] / 2
+
+
+def test_analytical_prices_a_short_reduction_slower_per_flop():
+    """Two matmuls of equal FLOPs: the K = 64 one is priced slower than the K = 1024 one;
+    the one-constant efficiency priced them alike."""
+    target = dataclasses.replace(host(1, calibration=False, mcpu="skylake-avx512"),
+                                 l1_bytes=32 << 10, l2_bytes=1 << 20, l3_bytes=32 << 20)
+    times = []
+    for m, k, n in ((1024, 64, 1024), (256, 1024, 256)):
+        graph = _matmul(m, k, n)
+        name = next(n.name for n in graph.nodes if n.geometry is not None)
+        f = group_features(graph, [name])
+        times.append(analytical.estimate(f, target).breakdown["compute"])
+    assert times[0] > 1.2 * times[1]
+
+
+@pytest.mark.parametrize("regs", [AVX512, AVX2])
+def test_shares_stay_below_one(regs):
+    for graph in (_matmul(7, 5, 3), _matmul(197, 64, 197, batch=(12,)), _conv(3, 64, 32, 7),
+                  _conv(96, 96, 14, 3, groups=96)):
+        geometry = [n.geometry for n in graph.nodes if n.geometry is not None]
+        for g in geometry:
+            assert 0.0 < fraction_of_peak(g, *regs)[1] < 1.0
