@@ -33,9 +33,12 @@ from .features import GroupFeatures
 # 114 GFLOP/s one-core FMA-chain peak (LayerNorm 197x768 and 128x768, wav2vec2's GroupNorm
 # 512x3199; ``bench_kernels.py --classes reduction``, docs/benchmarks.md), where 0.05 had
 # priced the scalar reduction loops before them.
+# Attention (``schedules/attention.py``): the share of peak its two contractions reach inside
+# the fused kernel, the softmax between them priced at the row-reduction rate and its exp as
+# math (ATTENTION_NOTE below).
 _EFF = {
     "cpu": {SC.CONTRACTION: 0.55, SC.CONTRACTION_STREAM: 0.55, SC.REDUCTION: 0.25,
-            SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05},
+            SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05, SC.ATTENTION: 0.40},
     # dlight: SIMT matmul tiles reach ~50% of FP32 peak; others are memory bound.
     "cuda": {SC.CONTRACTION: 0.50, SC.REDUCTION: 0.10, SC.ELEMENTWISE: 0.10, SC.FALLBACK: 0.10},
 }
@@ -89,7 +92,8 @@ def registers(f: GroupFeatures, target) -> tuple[int, int]:
         base = _CUDA_BASE_REGS[f.schedule_on("cuda")]
         need = base + _CUDA_REGS_PER_LIVE * f.live_values + _CUDA_REGS_PER_ACC * f.accumulators
         return int(need), max(0, int(need) - target.regs_per_thread)
-    contraction = f.schedule_on(target.kind) in (SC.CONTRACTION, SC.CONTRACTION_STREAM)
+    contraction = f.schedule_on(target.kind) in (SC.CONTRACTION, SC.CONTRACTION_STREAM,
+                                                 SC.ATTENTION)
     tile = int(_CPU_TILE_FRACTION * target.vector_regs) if contraction else 0
     need = tile + f.live_values + f.accumulators
     return need, max(0, need - target.vector_regs)
@@ -144,6 +148,8 @@ def launch_seconds(f: GroupFeatures, target, schedule: str) -> float:
     if schedule == SC.FALLBACK:
         heavy = f.n_contractions + f.n_reductions
         nests = max(1, heavy + (1 if f.n_ops > heavy else 0))
+    elif schedule == SC.ATTENTION:  # the row-block loop, and the K^T packing pass the
+        nests = 2  # imported programs have (a transpose in the group or a copy of the input)
     else:
         nests = 2 if schedule == SC.CONTRACTION_STREAM else 1
     return serial + nests * max(0.0, target.launch_s - serial)
@@ -181,6 +187,8 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     eff = _EFF[kind][schedule]
     if schedule == SC.FALLBACK:
         contraction_rate = _NAIVE_CONTRACTION[kind] or peak * _NAIVE_CUDA_FRACTION
+    elif schedule == SC.ATTENTION:  # the softmax between the contractions: row reductions
+        contraction_rate, eff = peak * eff, _EFF[kind][SC.REDUCTION]
     else:
         contraction_rate = peak * _EFF[kind][SC.CONTRACTION]
     # Each op keeps its own loop's parallelism inside the kernel (fusing a scalar reduction
@@ -197,7 +205,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
         / min(1.0, max(w[2], 1) / full)
         for w in _work(f)
     ])
-    if schedule != SC.CONTRACTION_STREAM:  # a packed prologue is computed once, not per use
+    if schedule not in (SC.CONTRACTION_STREAM, SC.ATTENTION):  # computed once, not per use
         compute += f.recompute_flops / (peak * eff) / _parallel_efficiency(
             f.out_elems, f.dtype_bytes, target)
 
