@@ -32,10 +32,8 @@ from __future__ import annotations
 import math
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from . import gemm
 from ._common import (
@@ -54,6 +52,15 @@ from ._common import (
     vector_tile,
 )
 from ._loops import PARTITION_HINT, SafeRule, schedule_rest, split_loops, vectorize_with_tail
+from .attention_roles import (
+    einsum,
+    last_index,
+    loops_below,
+    p_chain,
+    producer_of,
+    reduces_last_axis,
+    same_vars,
+)
 from .classes import ScheduleClass
 from .contraction import _operands
 from .reduction import _vector_rfactor, reciprocal_divisions
@@ -71,106 +78,6 @@ MAX_KEYS = L1_BYTES // (_ROW_BUFFERS * 4 * 2) // 128 * 128  # 1280 float32 keys
 _MAX_SUBTILES = 4
 
 
-def _einsum(block: s_tir.SBlock):
-    """(store, row operand, streamed operand, gemm roles) of an einsum-form contraction."""
-    if is_spatial(block):
-        return None
-    ops = _operands(block)
-    roles = gemm.analyze(block, *ops) if ops else None
-    return None if roles is None else roles
-
-
-def _same_vars(a, b) -> bool:
-    """The same index vars in the same order, constants (unit dims) left out: an inlined
-    reshape between a 4-D softmax and a 3-D batch matmul adds or drops a leading 0."""
-    a = [x for x in a if not isinstance(x, tirx.IntImm)]
-    b = [y for y in b if not isinstance(y, tirx.IntImm)]
-    return len(a) == len(b) and all(isinstance(x, tirx.Var) and x.same_as(y)
-                                    for x, y in zip(a, b))
-
-
-def _producer(sch, buffer):
-    for blk in root_blocks(sch):
-        if any(w.source.same_as(buffer) for w in sch.get(blk).writes):
-            return blk
-    return None
-
-
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v.same_as(var))))
-    return any(found)
-
-
-def _loops_below(sch, block, top) -> dict | None:
-    """The loops of ``block`` under ``top``, keyed by the block var each one drives (a loop
-    of extent 1 may drive none); None where a loop drives several."""
-    stmt = sch.get(block)
-    values = get_sblockrealize(sch, block).iter_values
-    loops = sch.get_loops(block)
-    start = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(top))) + 1
-    out = {}
-    for lp in loops[start:]:
-        var = sch.get(lp).loop_var
-        bound = [iv.var for iv, val in zip(stmt.iter_vars, values) if _uses(val, var)]
-        if len(bound) > 1 or (not bound and int_extent(sch, lp) != 1):
-            return None
-        if bound:
-            out[bound[0]] = lp
-    return out
-
-
-def _last_index(sch, block_name: str, load, var) -> None:
-    """Store ``load``'s buffer with the index ``var`` last (vectors along it are contiguous):
-    a transform of its producer's layout, or of a copy when the buffer is an input."""
-    pos = next(i for i, x in enumerate(load.indices) if isinstance(x, tirx.Var)
-               and x.same_as(var))
-    ndim = len(load.indices)
-    if pos == ndim - 1:
-        return
-    block = sch.get_sblock(block_name)
-    producer = _producer(sch, load.source)
-    if producer is None:
-        index = next(i for i, r in enumerate(sch.get(block).reads)
-                     if r.source.same_as(load.source))
-        producer = sch.cache_read(block, index, "global")
-    mapping = tirx.IndexMap.from_func(
-        lambda *idx: (*idx[:pos], *idx[pos + 1:], idx[pos]), ndim=ndim)
-    sch.transform_layout(producer, ("write", 0), mapping)
-
-
-def _reduces_last_axis(block: s_tir.SBlock) -> bool:
-    """Whether a block's reduction vars index only the last axis of what it reads (a row
-    reduction over the keys; a spatial block trivially)."""
-    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    if not reduce:
-        return True
-    loads = []
-    tvm_ffi.structural_walk(block.body, (tvm.ir.expr.TensorLoad, loads.append))
-    return all(not _uses(index, var) for load in loads for index in load.indices[:-1]
-               for var in reduce)
-
-
-def _chain(sch, p_buffer, first: str | None):
-    """Names of the blocks P is computed from (program order), stopping at ``first``; None
-    where the chain holds another contraction or P is an input."""
-    start = _producer(sch, p_buffer)
-    if start is None:
-        return None
-    seen, stack = {}, [start]
-    while stack:
-        blk = stack.pop()
-        name = sch.get(blk).name_hint
-        if name in seen or name == first:
-            continue
-        if _einsum(sch.get(blk)) is not None:
-            return None
-        seen[name] = blk
-        stack.extend(sch.get_producers(blk))
-    order = [sch.get(b).name_hint for b in root_blocks(sch)]
-    return sorted(seen, key=order.index)
-
-
 class Attention(SafeRule):
     """Fused attention (module docstring): one parallel loop over batch x row blocks."""
 
@@ -181,7 +88,7 @@ class Attention(SafeRule):
         if normalize_prim_func(sch) is None:
             return None
         einsums = [sch.get(b).name_hint for b in root_blocks(sch)
-                   if _einsum(sch.get(b)) is not None]
+                   if einsum(sch.get(b)) is not None]
         if len(einsums) not in (1, 2):
             return None
         pv_name, qk_name = einsums[-1], (einsums[0] if len(einsums) == 2 else None)
@@ -189,17 +96,17 @@ class Attention(SafeRule):
         pv = sch.get_sblock(pv_name)
         stmt = sch.get(pv)
         store, _, _ = _operands(stmt)
-        roles = _einsum(stmt)
+        roles = einsum(stmt)
         if roles.row is None or len(roles.reduce) != 1:
             return None
         key = roles.reduce[0]
         p_load = roles.other
-        if not _same_vars(p_load.indices, [*store.indices[:-1], key]):
+        if not same_vars(p_load.indices, [*store.indices[:-1], key]):
             return None  # P[batch.., row, key] by plain vars, as the output's rows
-        chain = _chain(sch, p_load.source, qk_name)
+        chain = p_chain(sch, p_load.source, qk_name)
         if not chain or all(is_spatial(sch.get(sch.get_sblock(n))) for n in chain):
             return None  # no row reduction between: not a softmax feeding P V
-        if not all(_reduces_last_axis(sch.get(sch.get_sblock(n))) for n in chain):
+        if not all(reduces_last_axis(sch.get(sch.get_sblock(n))) for n in chain):
             return None  # a reduction across rows (softmax over the queries): no row blocks
         params = list(sch.mod["main"].params)
         if any(w.source.same_as(o) for n in chain for w in sch.get(sch.get_sblock(n)).writes
@@ -210,11 +117,11 @@ class Attention(SafeRule):
             if not any(sch.get(c).name_hint in chain
                        for c in sch.get_consumers(sch.get_sblock(qk_name))):
                 return None
-            qk_roles = _einsum(qk)
+            qk_roles = einsum(qk)
             if qk_roles.row is None or len(qk_roles.reduce) != 1:
                 return None
-            _last_index(sch, qk_name, qk_roles.streamed, qk_roles.col)
-        _last_index(sch, pv_name, roles.streamed, roles.col)
+            last_index(sch, qk_name, qk_roles.streamed, qk_roles.col)
+        last_index(sch, pv_name, roles.streamed, roles.col)
 
         extents = {iv.var: iv.dom.extent for iv in sch.get(sch.get_sblock(pv_name)).iter_vars}
         if not all(isinstance(extents[v], tirx.IntImm) for v in (roles.col, roles.row, key)):
@@ -241,7 +148,7 @@ class Attention(SafeRule):
         rows = sub * tiles
 
         # P's producer (P = exp * (1 / sum)) is read once per key and output tile: inline it.
-        p_block = _producer(sch, p_load.source)
+        p_block = producer_of(sch, p_load.source)
         p_stmt = sch.get(p_block)
         if is_spatial(p_stmt) and not has_costly_call(p_stmt.body) and len(
                 sch.get_consumers(p_block)) == 1:
@@ -300,7 +207,7 @@ class Attention(SafeRule):
             d_qk = math.prod(int(iv.dom.extent) for iv in k_ext
                              if iv.iter_type == tirx.IterVar.CommReduce)
         for name in names:  # each block of the chain computes one row block only
-            below = _loops_below(sch, sch.get_sblock(name), top)
+            below = loops_below(sch, sch.get_sblock(name), top)
             if below is None:
                 return None
             work = math.prod(int_extent(sch, lp) or 1 << 30 for lp in below.values())
@@ -318,7 +225,7 @@ class Attention(SafeRule):
         for name in chain:
             blk = sch.get_sblock(name)
             if is_spatial(sch.get(blk)):
-                below = _loops_below(sch, blk, top)
+                below = loops_below(sch, blk, top)
                 if below:
                     _vectorize_row(sch, list(below.values())[-1], lanes)
             else:
@@ -344,8 +251,8 @@ class Attention(SafeRule):
         for one tile of keys (whose K^T panel so stays in L1); a ragged last tile of keys runs
         apart (partition hint), its guarded lanes scalar."""
         blk = sch.get_sblock(name)
-        roles = _einsum(sch.get(blk))
-        below = _loops_below(sch, blk, top)
+        roles = einsum(sch.get(blk))
+        below = loops_below(sch, blk, top)
         lj, li, lk = below[roles.col], below[roles.row], below[roles.reduce[0]]
         lo, li = sch.split(li, factors=[None, sub])
         jo, jv, jl = sch.split(lj, factors=[None, cols // lanes, lanes])
@@ -367,7 +274,7 @@ def _interleaved_rows(sch, block, top) -> None:
     row, interleaved, instead of one row's chain after the other (max and add each wait on
     their last result: 4 cycles). The order of each row's sum is kept, so the result is
     exactly the unfused kernel's."""
-    below = _loops_below(sch, block, top)
+    below = loops_below(sch, block, top)
     stmt = sch.get(block)
     spatial = [below[iv.var] for iv in stmt.iter_vars
                if iv.iter_type == tirx.IterVar.DataPar and iv.var in below

@@ -12,53 +12,21 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
+from tvm_costfuse.schedules import Attention, schedule_pass
+from tvm_costfuse.schedules.classes import ScheduleClass
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy
 from tvm_costfuse.cost.extract import group_features
 from tvm_costfuse.measurement.timing import run
 from tvm_costfuse.partition import ApplyPartition
 from tvm_costfuse.pipelines import build_pipeline, prepare
-from tvm_costfuse.schedules import Attention, schedule_pass
-from tvm_costfuse.schedules.classes import ScheduleClass
 from tvm_costfuse.targets import host, host_target
+from tvm_costfuse.testing import attention_program as _program
 
 TARGET = host_target(2)
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 F32 = "float32"
-
-
-def _program(b: int, h: int, s: int, d: int, form: str = "plain", softmax_axis: int = -1,
-             probs_out: bool = False, rows: int | None = None):
-    """``softmax(Q K^T / sqrt(d) [+ mask | causal where]) V`` on (b, h, s, d) tensors, as the
-    importers emit it (K^T a transpose feeding the scores), prepared for fusion."""
-    bb = relax.BlockBuilder()
-    rows = rows or s  # fewer queries than keys: cross attention
-    q = relax.Var("q", relax.TensorType((b, h, rows, d), F32))
-    k, v = (relax.Var(n, relax.TensorType((b, h, s, d), F32)) for n in "kv")
-    params = [q, k, v]
-    rng = np.random.default_rng(0)
-    inputs = {n: rng.standard_normal((b, h, rows if n == "q" else s, d)).astype(F32)
-              for n in "qkv"}
-    if form == "masked":  # BERT: an additive padding mask over the keys
-        mask = relax.Var("mask", relax.TensorType((b, 1, 1, s), F32))
-        params.append(mask)
-        keep = np.arange(s) < s - s // 3
-        inputs["mask"] = np.broadcast_to(np.where(keep, 0.0, -1e4), (b, 1, 1, s)).astype(F32)
-    with bb.function("main", params):
-        with bb.dataflow():
-            sc = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
-            sc = bb.emit(relax.op.multiply(sc, relax.const(1 / math.sqrt(d), F32)))
-            if form == "masked":
-                sc = bb.emit(relax.op.add(sc, mask))
-            elif form == "causal":  # GPT-2: keep the lower triangle, else a large negative
-                tri = relax.const(np.tril(np.ones((rows, s), bool))[None, None])
-                sc = bb.emit(relax.op.where(tri, sc, relax.const(-1e4, F32)))
-            p = bb.emit(relax.op.nn.softmax(sc, axis=softmax_axis))
-            out = relax.op.matmul(p, v)
-            out = bb.emit_output(relax.Tuple([bb.emit(out), p]) if probs_out else out)
-        bb.emit_func_output(out)
-    return prepare(bb.get()), inputs
 
 
 def _numpy(inputs: dict, form: str) -> np.ndarray:

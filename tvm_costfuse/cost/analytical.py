@@ -35,10 +35,14 @@ from .features import GroupFeatures
 # priced the scalar reduction loops before them.
 # Attention (``schedules/attention.py``): the share of peak its two contractions reach inside
 # the fused kernel, the softmax between them priced at the row-reduction rate and its exp as
-# math (ATTENTION_NOTE below).
+# math. Measured against the split kernels ([K^T] [Q K^T, scale, mask] [softmax] [P V], our
+# schedules) on the 2-core emeraldrapids host under another worker's load (rough), 1 and 2
+# threads: split / fused 1.02-1.09 on BERT's 12 x 128 x 64 heads (masked, causal) and ViT's
+# 12 x 197 x 64, 1.19-1.29 on the small variants' 2 x 16 x 16; 0.55 prices them at 1.03-1.04
+# and 1.29-1.44 (/tmp-free script: docs/benchmarks.md, "attention kernel").
 _EFF = {
     "cpu": {SC.CONTRACTION: 0.55, SC.CONTRACTION_STREAM: 0.55, SC.REDUCTION: 0.25,
-            SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05, SC.ATTENTION: 0.40},
+            SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05, SC.ATTENTION: 0.55},
     # dlight: SIMT matmul tiles reach ~50% of FP32 peak; others are memory bound.
     "cuda": {SC.CONTRACTION: 0.50, SC.REDUCTION: 0.10, SC.ELEMENTWISE: 0.10, SC.FALLBACK: 0.10},
 }
