@@ -21,14 +21,19 @@ from dataclasses import dataclass, field
 from .cost.analytical import Estimate, estimate
 from .cost.extract import group_features
 from .cost.features import GroupFeatures
+from .schedules.classes import ScheduleClass as SC
 from .graph import OpGraph
 from .legality import Verdict, can_fuse
 from .quotient import Quotient
 
 # Siblings are paired only among the first few readers of a tensor: k readers give k^2 pairs.
 _MAX_SIBLINGS = 8
-# Free groups (views) a vertical merge may step through at once (``push_through_views``).
+# Free groups (views) a vertical merge may step through at once (``push_through_views``), and
+# the schedule classes such a merge may form: attention, which no smaller step reaches (the
+# imported batch matmuls sit behind reshape views). Walking views into any class changed the
+# CUDA plan of an LSTM into kernels of three recurrent steps (unmeasured; not taken).
 _MAX_VIEWS = 4
+_THROUGH_VIEWS = (SC.ATTENTION,)
 
 Model = Callable[..., Estimate]
 # A GroupFeatures' fields as one tuple, hashed and compared in C (the dataclass's own
@@ -222,7 +227,8 @@ def plan_greedy(
         union = frozenset().union(*(q.members[g] for g in parts))
         gain = (sum(price.estimate(q.members[g]).seconds for g in parts)
                 - price.estimate(union).seconds)
-        if gain > 0:
+        kind = price.features[union].schedule_on(target.kind)
+        if gain > 0 and kind in _THROUGH_VIEWS:
             via = tuple((g, q.members[g]) for g in parts[1:])
             heapq.heappush(heap, (-gain, order, next(counter), "vertical", first, last,
                                   q.members[first], q.members[last], via))
