@@ -19,12 +19,12 @@ import argparse
 import numpy as np
 import torch
 import tvm
+from tvm_costfuse.schedules import schedule_pass
 
 from tvm_costfuse import build_graph
 from tvm_costfuse.measurement.timing import call_sampler, interleave, run, vm_sampler
 from tvm_costfuse.partition import ApplyPartition
 from tvm_costfuse.pipelines import build_pipeline
-from tvm_costfuse.schedules import schedule_pass
 from tvm_costfuse.targets import host_target
 from tvm_costfuse.testing import attention_program
 

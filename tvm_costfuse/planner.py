@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from .cost.analytical import Estimate, estimate
 from .cost.extract import group_features
 from .cost.features import GroupFeatures
-from .schedules.classes import ScheduleClass as SC
 from .graph import OpGraph
 from .legality import Verdict, can_fuse
 from .quotient import Quotient
+from .schedules.classes import ScheduleClass as SC
 
 # Siblings are paired only among the first few readers of a tensor: k readers give k^2 pairs.
 _MAX_SIBLINGS = 8
