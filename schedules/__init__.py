@@ -11,11 +11,12 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from ._loops import int32_partition_loops
-from .cpu import Contraction, Fallback, RowReduction, rules
+from .cpu import Attention, Contraction, Fallback, RowReduction, rules
 from .fast_math import fast_math_pass
 from .prepack import mark_constant_weights, pack_constants
 
 __all__ = [
+    "Attention",
     "Contraction",
     "Fallback",
     "RowReduction",

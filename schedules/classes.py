@@ -24,6 +24,8 @@ class ScheduleClass(enum.StrEnum):
     CONTRACTION_RESHAPE = "contraction+reshape"
     #: row reductions (softmax, norms, mean) with their epilogues, parallel over rows
     REDUCTION = "reduction"
+    #: scores -> scale/mask -> softmax -> P V (or softmax -> P V) per block of query rows (CPU)
+    ATTENTION = "attention"
     #: elementwise / injective chains, inlined into one vectorized nest
     ELEMENTWISE = "elementwise"
     #: everything else: spatial intermediates inlined, contractions as naive loop nests
@@ -32,4 +34,4 @@ class ScheduleClass(enum.StrEnum):
 
 #: The classes a kernel finally gets (``schedule_on``): what the cost models are tabled by.
 FINAL = (ScheduleClass.CONTRACTION, ScheduleClass.CONTRACTION_STREAM, ScheduleClass.REDUCTION,
-         ScheduleClass.ELEMENTWISE, ScheduleClass.FALLBACK)
+         ScheduleClass.ELEMENTWISE, ScheduleClass.FALLBACK, ScheduleClass.ATTENTION)

@@ -10,10 +10,13 @@ Rules are tried in the order :func:`rules` returns (first that applies wins, as 
    (``C += A * B``) plus spatial producers and at most one epilogue: register-blocked tiles
    (``gemm.py``'s micro-kernel for einsum-form blocks, ``conv.py``'s direct kernel for NC(H)W
    convolutions), accumulator in a local buffer, epilogue computed from registers.
-2. :class:`RowReduction` -- softmax, layer/RMS norm, mean, sum chains whose blocks share
+2. :class:`Attention` -- scores -> scale/mask -> softmax -> P V (``attention.py``): parallel
+   over batch x blocks of query rows, the row block's scores, softmax and output tile in
+   local buffers and registers.
+3. :class:`RowReduction` -- softmax, layer/RMS norm, mean, sum chains whose blocks share
    leading spatial axes: parallel over rows, every block computed per row, inner loops
    vectorized.
-3. :class:`Fallback` -- always applies: inline spatial intermediates, then each remaining
+4. :class:`Fallback` -- always applies: inline spatial intermediates, then each remaining
    block gets parallel outer spatial loops and a vectorized inner loop.
 
 A rule that cannot prove its preconditions, or whose schedule primitives reject a step, returns
@@ -32,11 +35,12 @@ from ._common import (
     simplify_indices,
 )
 from ._loops import SafeRule, schedule_rest
+from .attention import Attention
 from .classes import ScheduleClass
 from .contraction import Contraction
 from .reduction import RowReduction
 
-__all__ = ["Contraction", "Fallback", "RowReduction", "rules"]
+__all__ = ["Attention", "Contraction", "Fallback", "RowReduction", "rules"]
 
 
 class Fallback(SafeRule):
@@ -70,4 +74,4 @@ class Fallback(SafeRule):
 
 def rules() -> list[dl.ScheduleRule]:
     """The CPU rules in policy order: most specific first, the always-applying one last."""
-    return [Contraction(), RowReduction(), Fallback()]
+    return [Contraction(), Attention(), RowReduction(), Fallback()]

@@ -138,7 +138,7 @@ def _uses(expr, var) -> bool:
     return any(found)
 
 
-def _reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``a / b`` as ``a * (1 / b)`` in spatial blocks where ``b`` is constant along the row.
 
     Softmax divides every exp by its row's sum: a vector division costs ~10x a multiply, and
@@ -176,7 +176,7 @@ class RowReduction(SafeRule):
     classes = (ScheduleClass.REDUCTION,)
 
     def _apply(self, sch, target):
-        sch = s_tir.Schedule(_reciprocal_divisions(simplify_indices(sch.mod["main"])))
+        sch = s_tir.Schedule(reciprocal_divisions(simplify_indices(sch.mod["main"])))
         if normalize_prim_func(sch) is None:
             return None
         inline_spatial(sch)

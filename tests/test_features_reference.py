@@ -115,7 +115,72 @@ def reference_features(graph, members) -> GroupFeatures:
         moves_after_reduction=sum(n.name in after and is_move(n) and not n.reshape_like
                                   for n in nodes),
         view_ops=sum(n.view for n in calls),
+        attention=reference_attention(graph, names, len(outputs)),
     )
+
+
+def reference_attention(graph, names: list[str], n_outputs: int) -> bool:
+    """softmax(S) V as its definition reads (``extract._is_attention``): one output; the last of
+    one or two contractions (P V) reads an operand P shaped ``[.., its rows, keys]``, computed in
+    the group, from the scores, by members holding a row reduction over the keys and at least
+    one math call per element of P, and every reduction of the group; no reordering move after
+    the scores or a reduction on P's way; after P V only elementwise members."""
+    from tvm_costfuse.schedules.attention import MAX_KEYS
+
+    member = set(names)
+    cls = {n: op_class(graph[n]) for n in names}
+    contractions = [n for n in names if cls[n] == "contraction"]
+    if n_outputs != 1 or not 1 <= len(contractions) <= 2:
+        return False
+    pv = graph[contractions[-1]]
+    qk = contractions[0] if len(contractions) == 2 else None
+    keys = pv.reduction_extent
+    if keys > MAX_KEYS:
+        return False
+
+    def is_move(n) -> bool:
+        return cls[n] == "injective" and graph[n].kind == "call_tir" and not graph[n].flops
+
+    def softmax(operand: str) -> bool:
+        chain, stack = set(), [operand]
+        while stack:
+            n = stack.pop()
+            if n in chain or n not in member or n == qk:
+                continue
+            if cls[n] == "contraction":
+                return False
+            chain.add(n)
+            stack.extend(graph.producers(n))
+        if not any(cls[n] == "reduction" and graph[n].reduction_extent == keys for n in chain):
+            return False
+        if sum(graph[n].math for n in chain) < _elems(graph[operand]):
+            return False
+        if qk is not None and (_elems(graph[qk]) != _elems(graph[operand])
+                               or not any(qk in graph.producers(n) for n in chain)):
+            return False
+        after = {qk} if qk else set()
+        for n in sorted(chain, key=lambda n: graph[n].index):
+            if cls[n] == "reduction" or any(p in after for p in graph.producers(n)):
+                if (is_move(n) and not graph[n].reshape_like
+                        and any(p in after for p in graph.producers(n))):
+                    return False
+                after.add(n)
+        return all(n in chain for n in names if cls[n] == "reduction")
+
+    out = pv.outputs[0].shape
+    operands = [p for p in graph.producers(pv.name) if p in member and graph[p].outputs
+                and len(graph[p].outputs[0].shape) >= 2
+                and graph[p].outputs[0].shape[-1] == keys
+                and graph[p].outputs[0].shape[-2] == out[-2]]
+    if not any(softmax(p) for p in operands):
+        return False
+    downstream = {pv.name}
+    for n in names:
+        if graph[n].index > pv.index and any(p in downstream for p in graph.producers(n)):
+            if is_move(n) or cls[n] in ("reduction", "contraction"):
+                return False
+            downstream.add(n)
+    return True
 
 
 def _priced_groups(monkeypatch, graph, target: str) -> list[frozenset]:
@@ -147,7 +212,8 @@ def test_equal_on_every_group_the_planner_prices(monkeypatch, make, target):
     _assert_equal(graph, _priced_groups(monkeypatch, graph, target))
 
 
-@pytest.mark.parametrize("name", ["gpt2_block", "conv_bn_relu", "mobilenetv2", "rmsnorm"])
+@pytest.mark.parametrize("name", ["gpt2_block", "bert_layer", "conv_bn_relu", "mobilenetv2",
+                                  "rmsnorm"])
 def test_equal_on_zoo_groups(monkeypatch, name):
     # Contractions with prologues, split epilogues, TupleGetItems, reshapes and norms.
     graph = build_graph(prepared(name)[0])

@@ -203,18 +203,24 @@ def test_matmul_forms_get_the_contraction_rule_and_match_stock(name, strategy):
 
 @pytest.mark.parametrize("model", ["vit_b_16", "vit", "bert"])
 def test_corpus_transformer_matmuls_all_get_the_contraction_rule(model):
-    """Attention's batch matmuls (per-head 197 or 128 rows, K = head width) and every Linear
-    of the corpus transformers, as the PyTorch importer emits them, after CostFuse."""
+    """Every Linear of the corpus transformers, as the PyTorch importer emits them, after
+    CostFuse, gets the contraction rule; attention's batch matmuls (per-head 197 or 128 rows,
+    K = head width), which CostFuse fuses with the softmax between them, the attention rule."""
     pytest.importorskip("torch")
     from tvm_costfuse.models import corpus
+    from tvm_costfuse.schedules import Attention
 
     mod = corpus.load(model, small=True)[0]
     fused = fuse(mod, TARGET, fusion_pass("costfuse", TARGET))
-    matmuls = 0
+    matmuls = attention = 0
     with TARGET:
         for gv, func in fused.functions.items():
             if isinstance(func, tirx.PrimFunc) and "matmul" in gv.name_hint:
                 first = next(r for r in rules() if r.apply(func, TARGET, False) is not None)
-                assert isinstance(first, Contraction), gv.name_hint
-                matmuls += 1
-    assert matmuls >= 3
+                if "softmax" in gv.name_hint:
+                    assert isinstance(first, Attention), gv.name_hint
+                    attention += 1
+                else:
+                    assert isinstance(first, Contraction), gv.name_hint
+                    matmuls += 1
+    assert matmuls >= 3 and attention >= 1

@@ -24,9 +24,16 @@ from .cost.features import GroupFeatures
 from .graph import OpGraph
 from .legality import Verdict, can_fuse
 from .quotient import Quotient
+from .schedules.classes import ScheduleClass as SC
 
 # Siblings are paired only among the first few readers of a tensor: k readers give k^2 pairs.
 _MAX_SIBLINGS = 8
+# Free groups (views) a vertical merge may step through at once (``push_through_views``), and
+# the schedule classes such a merge may form: attention, which no smaller step reaches (the
+# imported batch matmuls sit behind reshape views). Walking views into any class changed the
+# CUDA plan of an LSTM into kernels of three recurrent steps (unmeasured; not taken).
+_MAX_VIEWS = 4
+_THROUGH_VIEWS = (SC.ATTENTION,)
 
 Model = Callable[..., Estimate]
 # A GroupFeatures' fields as one tuple, hashed and compared in C (the dataclass's own
@@ -142,6 +149,23 @@ def _candidates(graph: OpGraph, q: Quotient, g: int) -> Iterable[tuple[str, int,
                     yield "horizontal", min(g, h), max(g, h)
 
 
+def _other_path(q: Quotient, a: int, d: int, chain: set[int]) -> bool:
+    """Whether ``a`` reaches ``d`` other than through ``chain`` (single-input, single-output
+    groups between them): merging them all would then close a cycle."""
+    rd = q.rank[d]
+    stack = [s for s in q.succ[a] if s not in chain and s != d and q.rank[s] < rd]
+    seen = set(stack)
+    while stack:
+        g = stack.pop()
+        if d in q.succ[g]:
+            return True
+        for s in q.succ[g]:
+            if s not in seen and q.rank[s] < rd:
+                seen.add(s)
+                stack.append(s)
+    return False
+
+
 def _key(q: Quotient, g: int) -> tuple[str, ...]:
     return tuple(sorted(q.members[g], key=q.index.__getitem__))
 
@@ -172,7 +196,42 @@ def plan_greedy(
         gain = (price.estimate(ua).seconds + price.estimate(ub).seconds
                 - price.estimate(ua | ub).seconds)
         order = min(q.lo[a], q.lo[b])
-        heapq.heappush(heap, (-gain, order, next(counter), kind, a, b, ua, ub))
+        heapq.heappush(heap, (-gain, order, next(counter), kind, a, b, ua, ub, ()))
+        if kind == "vertical" and gain <= 0:
+            push_through_views(a, b, order)
+
+    def push_through_views(a: int, b: int, order: int) -> None:
+        """The groups on both sides of a chain of free groups (views: no kernel, 0 s) after
+        ``a`` or before ``b``, merged with it as one candidate: each step alone gains nothing
+        (a view costs nothing kept apart), so greedy would never walk the chain (a softmax,
+        the reshape views of a batch matmul's operand, the matmul)."""
+        def views(start: int, edges: dict[int, set[int]]) -> tuple[list[int], int]:
+            chain, nxt = [], start
+            while (nxt not in fixed and len(q.pred[nxt]) == 1 and len(q.succ[nxt]) == 1
+                   and len(chain) < _MAX_VIEWS
+                   and price.estimate(q.members[nxt]).seconds == 0):
+                chain.append(nxt)
+                (nxt,) = edges[nxt]
+            return chain, nxt
+
+        after, last = views(b, q.succ)  # a, then views, then the group past them
+        if after:
+            first, chain = a, after
+        else:  # views, then b: from the group before them
+            before, first = views(a, q.pred)
+            last, chain = b, before[::-1]
+        if not chain or first in fixed or last in fixed or first == last or _other_path(
+                q, first, last, set(chain)):
+            return
+        parts = [first, *chain, last]
+        union = frozenset().union(*(q.members[g] for g in parts))
+        gain = (sum(price.estimate(q.members[g]).seconds for g in parts)
+                - price.estimate(union).seconds)
+        kind = price.features[union].schedule_on(target.kind)
+        if gain > 0 and kind in _THROUGH_VIEWS:
+            via = tuple((g, q.members[g]) for g in parts[1:])
+            heapq.heappush(heap, (-gain, order, next(counter), "vertical", first, last,
+                                  q.members[first], q.members[last], via))
 
     for g in sorted(q.members):
         for kind, a, b in _candidates(graph, q, g):
@@ -180,14 +239,18 @@ def plan_greedy(
                 push(kind, a, b)
     seen_pairs: set = set()
     while heap:
-        neg_gain, _, _, kind, a, b, ua, ub = heapq.heappop(heap)
-        if q.members.get(a) is not ua or q.members.get(b) is not ub:
+        neg_gain, _, _, kind, a, b, ua, ub, via = heapq.heappop(heap)
+        if q.members.get(a) is not ua or q.members.get(b) is not ub or any(
+                q.members.get(g) is not u for g, u in via):
             continue  # stale: one side was merged since
+        if via:
+            ub = frozenset().union(*(u for _, u in via))
         if (ua, ub) in seen_pairs:
             continue
         seen_pairs.add((ua, ub))
         gain = -neg_gain
-        left, right = _key(q, a), _key(q, b)
+        left = _key(q, a)
+        right = tuple(sorted(ub, key=q.index.__getitem__)) if via else _key(q, b)
         verdict = price.verdict(ua | ub)
         if not verdict:
             decisions.append(Decision(kind, left, right, gain, False, verdict.reason))
@@ -196,14 +259,17 @@ def plan_greedy(
             decisions.append(Decision(kind, left, right, gain, False,
                                       f"model predicts no gain ({gain * 1e6:+.2f} us)"))
             continue
-        via = q.blocker(a, b)
-        if via is not None:
+        blocker = None if via else q.blocker(a, b)  # a chain of views: checked when pushed
+        if blocker is not None:
             decisions.append(Decision(kind, left, right, gain, False,
-                                      f"not convex: a path runs through {_key(q, via)[0]!r}"))
+                                      f"not convex: a path runs through "
+                                      f"{_key(q, blocker)[0]!r}"))
             continue
         decisions.append(Decision(kind, left, right, gain, True,
                                   f"model predicts {gain * 1e6:.2f} us saved"))
-        g = q.merge(a, b)
+        g = a
+        for step in [g2 for g2, _ in via] or [b]:
+            g = q.merge(g, step)
         for kind2, x, y in _candidates(graph, q, g):
             push(kind2, x, y)
 

@@ -19,7 +19,9 @@ d. attention: the canonical grouping is ``[Q K^T, scale, mask] [softmax] [P V]``
    mask are the first matmul's epilogue (rule b, so the scores are written once), softmax opens
    its own reduction kernel, and the second matmul opens a third. Never two contractions, nor a
    contraction and a reduction, in one group: both need a schedule of their own, and the
-   fallback schedule that takes such groups runs the contraction as a naive loop nest.
+   fallback schedule that takes such groups runs the contraction as a naive loop nest. (The
+   CPU attention kernel, ``schedules/attention.py``, takes the whole chain as one group; it
+   is CostFuse's planner that forms it, priced by the cost model, not a rule here.)
 
 Convex by construction: a unit joins a group only if no other producer of it is reachable from
 that group (which would close a cycle between groups). ``resolve_groups`` validates the result

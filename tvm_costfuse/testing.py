@@ -1,6 +1,6 @@
 """Test helpers: synthetic OpGraphs as plain data, so planner tests and timings need no TVM
 build (the planner tests, the planning-speed benchmark and the greedy-vs-exact script share
-them)."""
+them); the attention programs the attention kernel's tests and benchmark share."""
 
 from __future__ import annotations
 
@@ -63,3 +63,47 @@ def branchy_dag(n: int, seed: int = 0) -> OpGraph:
         nodes.append(op(i, f"op{i}", pattern, inputs, elems=elems, flops_per_elem=fpe,
                         reduction=red))
     return make_graph(nodes)
+
+
+def attention_program(b: int, h: int, s: int, d: int, form: str = "plain",
+                      softmax_axis: int = -1, probs_out: bool = False,
+                      rows: int | None = None):
+    """``softmax(Q K^T / sqrt(d) [+ mask | causal where]) V`` on (b, h, s, d) tensors, as the
+    importers emit it (K^T a transpose feeding the scores), prepared for fusion; with its
+    inputs. ``rows``: fewer queries than keys; ``probs_out``: the probabilities returned too
+    (``tests/test_attention.py``, ``scripts/bench_attention.py``)."""
+    import math
+
+    import numpy as np
+    from tvm import relax
+
+    from .pipelines import prepare
+
+    F32 = "float32"
+    bb = relax.BlockBuilder()
+    rows = rows or s  # fewer queries than keys: cross attention
+    q = relax.Var("q", relax.TensorType((b, h, rows, d), F32))
+    k, v = (relax.Var(n, relax.TensorType((b, h, s, d), F32)) for n in "kv")
+    params = [q, k, v]
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.standard_normal((b, h, rows if n == "q" else s, d)).astype(F32)
+              for n in "qkv"}
+    if form == "masked":  # BERT: an additive padding mask over the keys
+        mask = relax.Var("mask", relax.TensorType((b, 1, 1, s), F32))
+        params.append(mask)
+        keep = np.arange(s) < s - s // 3
+        inputs["mask"] = np.broadcast_to(np.where(keep, 0.0, -1e4), (b, 1, 1, s)).astype(F32)
+    with bb.function("main", params):
+        with bb.dataflow():
+            sc = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
+            sc = bb.emit(relax.op.multiply(sc, relax.const(1 / math.sqrt(d), F32)))
+            if form == "masked":
+                sc = bb.emit(relax.op.add(sc, mask))
+            elif form == "causal":  # GPT-2: keep the lower triangle, else a large negative
+                tri = relax.const(np.tril(np.ones((rows, s), bool))[None, None])
+                sc = bb.emit(relax.op.where(tri, sc, relax.const(-1e4, F32)))
+            p = bb.emit(relax.op.nn.softmax(sc, axis=softmax_axis))
+            out = relax.op.matmul(p, v)
+            out = bb.emit_output(relax.Tuple([bb.emit(out), p]) if probs_out else out)
+        bb.emit_func_output(out)
+    return prepare(bb.get()), inputs

@@ -38,9 +38,16 @@ from .features import GroupFeatures
 # its rule's own tile reaches (``schedules/efficiency.py``: 0.19-0.93 measured, by shape);
 # the CONTRACTION entry below prices the rest (stored rows from before the geometry, symbolic
 # shapes).
+# Attention (``schedules/attention.py``): the share of peak its two contractions reach inside
+# the fused kernel, the softmax between them priced at the row-reduction rate and its exp as
+# math. Measured against the split kernels ([K^T] [Q K^T, scale, mask] [softmax] [P V], our
+# schedules) on the 2-core emeraldrapids host under another worker's load (rough), 1 and 2
+# threads: split / fused 1.02-1.09 on BERT's 12 x 128 x 64 heads (masked, causal) and ViT's
+# 12 x 197 x 64, 1.19-1.29 on the small variants' 2 x 16 x 16; 0.55 prices them at 1.03-1.04
+# and 1.29-1.44 (/tmp-free script: docs/benchmarks.md, "attention kernel").
 _EFF = {
     "cpu": {SC.CONTRACTION: 0.55, SC.CONTRACTION_STREAM: 0.55, SC.REDUCTION: 0.25,
-            SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05},
+            SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05, SC.ATTENTION: 0.55},
     # dlight: SIMT matmul tiles reach ~50% of FP32 peak; others are memory bound.
     "cuda": {SC.CONTRACTION: 0.50, SC.REDUCTION: 0.10, SC.ELEMENTWISE: 0.10, SC.FALLBACK: 0.10},
 }
@@ -94,7 +101,8 @@ def registers(f: GroupFeatures, target) -> tuple[int, int]:
         base = _CUDA_BASE_REGS[f.schedule_on("cuda")]
         need = base + _CUDA_REGS_PER_LIVE * f.live_values + _CUDA_REGS_PER_ACC * f.accumulators
         return int(need), max(0, int(need) - target.regs_per_thread)
-    contraction = f.schedule_on(target.kind) in (SC.CONTRACTION, SC.CONTRACTION_STREAM)
+    contraction = f.schedule_on(target.kind) in (SC.CONTRACTION, SC.CONTRACTION_STREAM,
+                                                 SC.ATTENTION)
     tile = int(_CPU_TILE_FRACTION * target.vector_regs) if contraction else 0
     need = tile + f.live_values + f.accumulators
     return need, max(0, need - target.vector_regs)
@@ -149,6 +157,8 @@ def launch_seconds(f: GroupFeatures, target, schedule: str) -> float:
     if schedule == SC.FALLBACK:
         heavy = f.n_contractions + f.n_reductions
         nests = max(1, heavy + (1 if f.n_ops > heavy else 0))
+    elif schedule == SC.ATTENTION:  # the row-block loop, and the K^T packing pass the
+        nests = 2  # imported programs have (a transpose in the group or a copy of the input)
     else:
         nests = 2 if schedule == SC.CONTRACTION_STREAM else 1
     return serial + nests * max(0.0, target.launch_s - serial)
@@ -186,6 +196,8 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     eff = _EFF[kind][schedule]
     if schedule == SC.FALLBACK:
         contraction_rate = _NAIVE_CONTRACTION[kind] or peak * _NAIVE_CUDA_FRACTION
+    elif schedule == SC.ATTENTION:  # the softmax between the contractions: row reductions
+        contraction_rate, eff = peak * eff, _EFF[kind][SC.REDUCTION]
     else:
         contraction_rate = peak * _EFF[kind][SC.CONTRACTION]
     # Each op keeps its own loop's parallelism inside the kernel (fusing a scalar reduction
@@ -196,7 +208,8 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     math_seconds = _MATH_CORE_SECONDS[kind] / max(1, target.cores)
     full = _full_parallelism(f.dtype_bytes, target)
     stream_rate, rate = peak * stream_eff, peak * eff
-    if kind == "cpu" and schedule != SC.FALLBACK:
+    if kind == "cpu" and schedule in (SC.CONTRACTION, SC.CONTRACTION_STREAM):
+        # (the attention kernel tiles its two contractions its own way: its rate above)
         lanes = max(1, target.vector_bits // (8 * f.dtype_bytes))
 
         def rate_of(w) -> float:
@@ -212,7 +225,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
         / min(1.0, max(w[2], 1) / full)
         for w in _work(f)
     ])
-    if schedule != SC.CONTRACTION_STREAM:  # a packed prologue is computed once, not per use
+    if schedule not in (SC.CONTRACTION_STREAM, SC.ATTENTION):  # computed once, not per use
         compute += f.recompute_flops / (peak * eff) / _parallel_efficiency(
             f.out_elems, f.dtype_bytes, target)
 

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Iterable
 
 from ..graph import OpGraph
+from ..schedules.attention import MAX_KEYS
 from ..schedules.math_calls import NESTED_CALL_FACTOR
 from .features import GroupFeatures, _elems, _is_window, _itemsize, op_class
 
@@ -124,6 +125,72 @@ def _prologue(facts: dict[str, _NodeFacts], member, contractions: list) -> list[
     return sorted(found.values(), key=_index)
 
 
+def _softmax_chain(graph: OpGraph, facts: dict[str, _NodeFacts], member, operand: str,
+                   qk: _NodeFacts | None, keys: int) -> bool:
+    """Whether the members ``operand`` is computed from (up to ``qk``) are a softmax over the
+    keys: a row reduction over them, a math call per element, no reordering data movement
+    after the scores or a reduction (reshapes keep the rows), and ``qk`` feeding it."""
+    chain: dict[str, _NodeFacts] = {}
+    stack = [operand]
+    while stack:
+        name = stack.pop()
+        if name in chain or name not in member or (qk is not None and name == qk.name):
+            continue
+        if facts[name].contraction:
+            return False
+        chain[name] = facts[name]
+        stack.extend(facts[name].producers)
+    p_elems = facts[operand].elems
+    if not any(f.reduction and f.node.reduction_extent == keys for f in chain.values()):
+        return False
+    if sum(f.math for f in chain.values()) < p_elems:
+        return False
+    if qk is not None and (qk.elems != p_elems
+                           or not any(qk.name in f.producers for f in chain.values())):
+        return False
+    after = {qk.name} if qk is not None else set()
+    for f in sorted(chain.values(), key=_index):
+        if f.reduction or not after.isdisjoint(f.producers):
+            if f.move_reorders and not after.isdisjoint(f.producers):
+                return False
+            after.add(f.name)
+    reductions = [f for f in (facts[n] for n in member) if f.reduction]
+    return all(f.name in chain for f in reductions)
+
+
+def _is_attention(graph: OpGraph, facts: dict[str, _NodeFacts], member,
+                  contractions: list[_NodeFacts]) -> bool:
+    """``softmax(S) V`` as the CPU attention rule takes it (``schedules/attention.py``).
+
+    The last contraction's row operand ``P`` (``[.., rows, keys]``, keys its reduction extent)
+    is computed in the group by a softmax over the keys (:func:`_softmax_chain`; a layer
+    norm's per-row rsqrt feeding a Linear is no attention) from scores read from outside or
+    computed by the group's other contraction (``Q K^T``, as many elements as ``P``); after
+    P V only elementwise members.
+    """
+    if not 1 <= len(contractions) <= 2:
+        return False
+    pv, qk = contractions[-1], (contractions[0] if len(contractions) == 2 else None)
+    node = pv.node
+    keys = node.reduction_extent
+    if not node.outputs or keys > MAX_KEYS:
+        return False
+    out = node.outputs[0].shape
+    candidates = [src for src in pv.producers if src in member and graph[src].outputs
+                  and len(shape := graph[src].outputs[0].shape) >= 2
+                  and shape[-1] == keys and shape[-2] == out[-2]]
+    if not any(_softmax_chain(graph, facts, member, src, qk, keys) for src in candidates):
+        return False
+    # nothing outside the chain but the operands' producers and an elementwise epilogue
+    downstream = {pv.name}
+    for f in sorted((facts[n] for n in member), key=_index):
+        if f.index > pv.index and not downstream.isdisjoint(f.producers):
+            if f.is_move or f.reduction or f.contraction:
+                return False
+            downstream.add(f.name)
+    return True
+
+
 def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
     """Features of fusing ``members`` (names of OpGraph nodes) into one kernel.
 
@@ -235,4 +302,6 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         "n_outputs": len(outputs),
         "moves_after_reduction": moves_after,
         "view_ops": views,
+        "attention": len(outputs) == 1 and bool(contractions) and _is_attention(
+            graph, facts, member, contractions),
     })

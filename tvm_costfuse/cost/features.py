@@ -106,6 +106,9 @@ class GroupFeatures:
     # largest output; a prologue op runs in its own loop nest on CPU, not in the contraction's
     # tile.
     op_work: tuple[tuple, ...] = ()
+    # softmax(...) V with the scores computed in the group or read, as the CPU attention rule
+    # schedules it (``extract._is_attention``; ``schedules/attention.py``).
+    attention: bool = False
 
     @property
     def is_view(self) -> bool:
@@ -191,12 +194,18 @@ class GroupFeatures:
           back, 101 took the rule, no disagreement; synth-0's ``mul + mul1 + square1 + mean1``
           measured 2.6x slower fused than its parts); ``tests/test_features.py`` repeats the
           check on two small programs.
+        - CPU: attention (``attention``: a softmax over the keys feeding P V, the scores
+          computed in the group or read; one output) gets its own rule, one parallel loop
+          over batch x query-row blocks. Measured fused against the split kernels in
+          ``cost/analytical.py``. On CUDA dlight has no such rule: the fallback, as before.
         - Both: a split epilogue (several elements of one tuple read after the contraction;
           ``tuple_items``) lands in the fallback: TVM 0.27 fails to lower it on CUDA
           ("matmul_intermediate_reindex is used before its definition") and our CPU rule
           declines a contraction with several consumers (measured 54x slower: gpt2_block's
           Q/K/V projection).
         """
+        if self.attention and kind != "cuda":
+            return SC.ATTENTION
         schedule = self.schedule
         if schedule == SC.REDUCTION and kind != "cuda" and (
                 self.n_outputs > 1 or self.moves_after_reduction):
@@ -212,5 +221,5 @@ class GroupFeatures:
 
 
 _NOT_LEARNED = ("boundary_sizes", "tuple_items", "prologue_compute",
-                "n_outputs", "moves_after_reduction", "view_ops", "op_work")
+                "n_outputs", "moves_after_reduction", "view_ops", "op_work", "attention")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)

@@ -1,0 +1,313 @@
+"""Attention rule: scores -> scale/mask -> softmax -> P V in one kernel, per block of query rows.
+
+A fused group ``P = softmax(mask(scale(Q K^T))); O = P V`` (or ``softmax(S) V`` with the scores
+an input) is scheduled as
+
+``parallel(batch.., query-row block) -> scores tile -> row max -> exp -> row sum -> P V tile``
+
+Per (batch, head, block of ``rows`` query rows) the scores of those rows against every key are
+computed into a local buffer (register tile ``rows x lanes`` over the keys, scale and mask
+evaluated where the scores are read), then the row max and row sum (vector partials), the exp
+(vectorized by ``fast_math``) and the ``rows x cols`` output tile of P V in registers, where
+``P = exp * (1 / sum)`` is formed as it is read. Scores, exp and the row statistics never reach
+memory; ``rows`` is the P V register tile's, cut down so the row block's buffers fit L1.
+
+The row block holds the whole key row, not a running (online) max over key blocks: at the
+corpus' sequence lengths (16-197 keys) a block of rows x keys is a few KiB, and one exact max
+saves the rescaling an online softmax pays per key block. Longer key rows than
+:data:`MAX_KEYS` (where even two rows would not fit :data:`L1_BYTES`) are declined, and the
+features (``cost/extract.py``) do not call such a group attention either. A causal mask is
+applied as the corpus spells it (a ``where`` or an added mask tensor); masked blocks are
+computed, not skipped.
+
+Recognized structurally, never by name: the last einsum-form contraction (P V) reduces over
+the last index of its row operand P, which a chain of blocks containing a row reduction
+produces, optionally from a first contraction (the scores). Every block of that chain must be
+computable per row block (checked on the loop extents ``compute_at`` gives it); anything else,
+or a step a primitive rejects, returns None and the next rule applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from . import gemm
+from ._common import (
+    MIN_PARALLEL_FMAS,
+    covers_output,
+    has_costly_call,
+    inline_spatial,
+    int_extent,
+    is_spatial,
+    largest_divisor,
+    num_cores,
+    root_blocks,
+    simplify_indices,
+    vector_lanes,
+    vector_registers,
+    vector_tile,
+)
+from ._loops import PARTITION_HINT, SafeRule, schedule_rest, split_loops, vectorize_with_tail
+from .attention_roles import (
+    einsum,
+    last_index,
+    loops_below,
+    p_chain,
+    producer_of,
+    reduces_last_axis,
+    same_vars,
+)
+from .classes import ScheduleClass
+from .contraction import _operands
+from .reduction import _vector_rfactor, reciprocal_divisions
+
+#: L1 data cache assumed for the row block's buffers: 32 KiB, the L1d of every x86 core the
+#: targets describe (Haswell, Skylake-AVX512, Zen 4; newer Intel cores have 48 KiB).
+L1_BYTES = 32 * 1024
+#: Row-block buffers of ``rows x keys`` elements (scores, exp, and P where it is not inlined).
+_ROW_BUFFERS = 3
+#: Longest key row scheduled: two query rows of every row-block buffer still fit L1.
+MAX_KEYS = L1_BYTES // (_ROW_BUFFERS * 4 * 2) // 128 * 128  # 1280 float32 keys
+#: Register tiles of rows per row block: K^T and V are read from L2 once per row block and
+#: from L1 for its other tiles (measured: 4-row blocks ran 10% slower than the split kernels
+#: on BERT's 128 x 64 heads, loading 64 KiB of K^T and V per 65K multiply-adds).
+_MAX_SUBTILES = 4
+
+
+class Attention(SafeRule):
+    """Fused attention (module docstring): one parallel loop over batch x row blocks."""
+
+    classes = (ScheduleClass.ATTENTION,)
+
+    def _apply(self, sch, target):
+        sch = s_tir.Schedule(reciprocal_divisions(simplify_indices(sch.mod["main"])))
+        if normalize_prim_func(sch) is None:
+            return None
+        einsums = [sch.get(b).name_hint for b in root_blocks(sch)
+                   if einsum(sch.get(b)) is not None]
+        if len(einsums) not in (1, 2):
+            return None
+        pv_name, qk_name = einsums[-1], (einsums[0] if len(einsums) == 2 else None)
+        inline_spatial(sch, protect=set(einsums))
+        pv = sch.get_sblock(pv_name)
+        stmt = sch.get(pv)
+        store, _, _ = _operands(stmt)
+        roles = einsum(stmt)
+        if roles.row is None or len(roles.reduce) != 1:
+            return None
+        key = roles.reduce[0]
+        p_load = roles.other
+        if not same_vars(p_load.indices, [*store.indices[:-1], key]):
+            return None  # P[batch.., row, key] by plain vars, as the output's rows
+        chain = p_chain(sch, p_load.source, qk_name)
+        if not chain or all(is_spatial(sch.get(sch.get_sblock(n))) for n in chain):
+            return None  # no row reduction between: not a softmax feeding P V
+        if not all(reduces_last_axis(sch.get(sch.get_sblock(n))) for n in chain):
+            return None  # a reduction across rows (softmax over the queries): no row blocks
+        params = list(sch.mod["main"].params)
+        if any(w.source.same_as(o) for n in chain for w in sch.get(sch.get_sblock(n)).writes
+               for o in params):
+            return None  # an intermediate is also an output: it would have to be stored
+        if qk_name is not None:
+            qk = sch.get(sch.get_sblock(qk_name))
+            if not any(sch.get(c).name_hint in chain
+                       for c in sch.get_consumers(sch.get_sblock(qk_name))):
+                return None
+            qk_roles = einsum(qk)
+            if qk_roles.row is None or len(qk_roles.reduce) != 1:
+                return None
+            last_index(sch, qk_name, qk_roles.streamed, qk_roles.col)
+        last_index(sch, pv_name, roles.streamed, roles.col)
+
+        extents = {iv.var: iv.dom.extent for iv in sch.get(sch.get_sblock(pv_name)).iter_vars}
+        if not all(isinstance(extents[v], tirx.IntImm) for v in (roles.col, roles.row, key)):
+            return None
+        cols, n_rows, keys = (int(extents[v]) for v in (roles.col, roles.row, key))
+        if keys > MAX_KEYS:
+            return None
+        dtype = str(stmt.writes[0].source.dtype)
+        lanes = vector_lanes(target, dtype)
+        budget = gemm.accumulator_budget(vector_registers(target))
+        tile = gemm.choose_tile(n_rows, cols, lanes, vector_registers(target),
+                                cols_must_divide=True)
+        if tile is None:  # a head dim that is no whole number of vectors: one partial one
+            tile = gemm.Tile(min(n_rows, budget), 1, vector_tile(cols, lanes))
+        itemsize = max(1, tvm.DataType(dtype).bits // 8)
+        fits = max(1, L1_BYTES // (_ROW_BUFFERS * itemsize * keys))
+        sub = max(1, min(tile.rows, fits))
+        even = largest_divisor(n_rows, sub)
+        if 2 * even >= sub:
+            sub = even  # no ragged last row block where a near tile divides the rows
+        tiles = max(1, min(_MAX_SUBTILES, fits // sub, -(-n_rows // sub)))
+        while tiles > 1 and n_rows % (sub * tiles) and n_rows % sub == 0:
+            tiles -= 1  # a whole number of row blocks where the register tile divides
+        rows = sub * tiles
+
+        # P's producer (P = exp * (1 / sum)) is read once per key and output tile: inline it.
+        p_block = producer_of(sch, p_load.source)
+        p_stmt = sch.get(p_block)
+        if is_spatial(p_stmt) and not has_costly_call(p_stmt.body) and len(
+                sch.get_consumers(p_block)) == 1:
+            try:
+                sch.compute_inline(p_block)
+                chain.remove(p_stmt.name_hint)
+            except s_tir.ScheduleError:
+                pass
+
+        pv = sch.get_sblock(pv_name)
+        loops = split_loops(sch, pv, roles.col, roles.row)
+        if loops is None:
+            return None
+        batch, reduce_loops, col_loop, row_loop = loops
+        if col_loop is None or row_loop is None or len(reduce_loops) != 1:
+            return None
+        io, it, ii = sch.split(row_loop, factors=[None, tiles, sub])
+        co, ci = sch.split(col_loop, factors=[None, tile.cols])
+        sch.reorder(*batch, io, co, it, reduce_loops[0], ii, ci)
+        heads = math.prod(int_extent(sch, lp) or 1 for lp in batch)
+        if n_rows % rows and batch and heads >= 2 * num_cores(target):
+            # A ragged last row block, and enough heads to keep the cores busy: parallel over
+            # the heads, the row blocks serial, the last one peeled off (partition hint) so
+            # the others run without the row guard (ViT's 197 rows ran 2.2x slower guarded).
+            par, top = sch.fuse(*batch) if len(batch) > 1 else batch[0], io
+            sch.annotate(io, PARTITION_HINT, 1)
+        else:
+            par = top = sch.fuse(*batch, io) if batch else io
+        writeback = sch.cache_write(pv, 0, "local")
+        for epilogue in sch.get_consumers(writeback):
+            if covers_output(sch.get(epilogue), sch.get(writeback)):
+                try:
+                    sch.reverse_compute_inline(epilogue)
+                except s_tir.ScheduleError:
+                    pass  # stays a pass of its own (generic schedule)
+        sch.reverse_compute_at(writeback, it, preserve_unit_loops=True)
+
+        if keys % lanes == 0:
+            # Vector partials (rfactor) while each block still has a nest of its own: rfactor
+            # refuses a block that is not the first in its outermost loop. A ragged key row
+            # keeps scalar chains: compute_at drops the guard of a ragged partial's last vector.
+            for name in [n for n in chain if not is_spatial(sch.get(sch.get_sblock(n)))]:
+                rf = _vector_rfactor(sch, sch.get_sblock(name), target)
+                if rf is not None:
+                    chain.insert(chain.index(name), sch.get(rf).name_hint)
+        inner = [*chain, *([qk_name] if qk_name else [])]
+        names = sorted(inner, key=[sch.get(b).name_hint for b in root_blocks(sch)].index)
+        for name in reversed(names):
+            blk = sch.get_sblock(name)
+            for i in range(len(sch.get(blk).writes)):
+                sch.set_scope(blk, i, "local")
+            sch.compute_at(blk, top, preserve_unit_loops=True)
+        d_qk = 1
+        if qk_name is not None:
+            k_ext = sch.get(sch.get_sblock(qk_name)).iter_vars
+            d_qk = math.prod(int(iv.dom.extent) for iv in k_ext
+                             if iv.iter_type == tirx.IterVar.CommReduce)
+        for name in names:  # each block of the chain computes one row block only
+            below = loops_below(sch, sch.get_sblock(name), top)
+            if below is None:
+                return None
+            work = math.prod(int_extent(sch, lp) or 1 << 30 for lp in below.values())
+            if work > rows * keys * (d_qk if name == qk_name else 1):
+                return None
+        fmas = heads * n_rows * keys * cols
+        if fmas >= MIN_PARALLEL_FMAS:
+            sch.parallel(par)
+
+        if qk_name is not None:
+            vectors = 1
+            while vectors < 4 and 2 * vectors * sub <= budget and 2 * vectors * lanes <= keys:
+                vectors *= 2
+            self._scores(sch, qk_name, top, sub, lanes * vectors, lanes, keys)
+        for name in chain:
+            blk = sch.get_sblock(name)
+            if is_spatial(sch.get(blk)):
+                below = loops_below(sch, blk, top)
+                if below:
+                    _vectorize_row(sch, list(below.values())[-1], lanes)
+            else:
+                _interleaved_rows(sch, blk, top)
+        if int_extent(sch, ii) > 1:
+            sch.unroll(ii)
+        sch.vectorize(ci)
+        init = sch.decompose_reduction(pv, reduce_loops[0])
+        for blk in (init, writeback):
+            blk_loops = sch.get_loops(blk)
+            if (int_extent(sch, blk_loops[-1]) or 0) > 1:
+                sch.vectorize(blk_loops[-1])
+        done = {*names, pv_name, sch.get(init).name_hint, sch.get(writeback).name_hint}
+        done |= {sch.get(b).name_hint for b in root_blocks(sch)
+                 if sch.get(b).name_hint not in done and _under(sch, b, top)}
+        schedule_rest(sch, target, done)
+        return sch
+
+    @staticmethod
+    def _scores(sch, name: str, top, sub: int, cols: int, lanes: int, keys: int) -> None:
+        """The scores of one row block in tiles of ``sub x cols`` accumulators (rows and the
+        column's vectors unrolled), each accumulated over the head dim, every tile of rows
+        for one tile of keys (whose K^T panel so stays in L1); a ragged last tile of keys runs
+        apart (partition hint), its guarded lanes scalar."""
+        blk = sch.get_sblock(name)
+        roles = einsum(sch.get(blk))
+        below = loops_below(sch, blk, top)
+        lj, li, lk = below[roles.col], below[roles.row], below[roles.reduce[0]]
+        lo, li = sch.split(li, factors=[None, sub])
+        jo, jv, jl = sch.split(lj, factors=[None, cols // lanes, lanes])
+        if keys % cols:
+            sch.annotate(jo, PARTITION_HINT, 1)
+        sch.reorder(jo, lo, lk, li, jv, jl)
+        for loop in (li, jv):
+            if (int_extent(sch, loop) or 0) > 1:
+                sch.unroll(loop)
+        sch.vectorize(jl)
+        init = sch.decompose_reduction(blk, lk)
+        init_loops = sch.get_loops(init)
+        if (int_extent(sch, init_loops[-1]) or 0) > 1:
+            sch.vectorize(init_loops[-1])
+
+
+def _interleaved_rows(sch, block, top) -> None:
+    """A row reduction of the row block with the rows innermost and unrolled: one chain per
+    row, interleaved, instead of one row's chain after the other (max and add each wait on
+    their last result: 4 cycles). The order of each row's sum is kept, so the result is
+    exactly the unfused kernel's."""
+    below = loops_below(sch, block, top)
+    stmt = sch.get(block)
+    spatial = [below[iv.var] for iv in stmt.iter_vars
+               if iv.iter_type == tirx.IterVar.DataPar and iv.var in below
+               and int_extent(sch, below[iv.var]) != 1]
+    reduce = [below[iv.var] for iv in stmt.iter_vars
+              if iv.iter_type == tirx.IterVar.CommReduce and iv.var in below]
+    if len(reduce) != 1 or not 1 <= len(spatial) <= 2:
+        return
+    if len(spatial) == 2:  # a vector of partials per row (rfactor): its lanes index last
+        lane = stmt.writes[0].region[-1].min
+        lanes = [lp for lp in spatial if isinstance(lane, tirx.Var) and below.get(lane) is lp]
+        if len(lanes) != 1:
+            return
+        spatial = [lp for lp in spatial if lp is not lanes[0]] + lanes
+    sch.reorder(reduce[0], *spatial)
+    if (int_extent(sch, spatial[0]) or 0) > 1:
+        sch.unroll(spatial[0])
+    if len(spatial) == 2:
+        sch.vectorize(spatial[1])
+    sch.decompose_reduction(block, reduce[0])
+
+
+def _vectorize_row(sch, loop, lanes: int) -> None:
+    """Vectorize a row loop: whole vectors (a ragged row's last one peeled off), or the row
+    as one partial vector when it is shorter than that."""
+    ext = int_extent(sch, loop) or 0
+    if ext > lanes and ext % lanes:
+        vectorize_with_tail(sch, loop, lanes)
+    elif ext > lanes:
+        sch.vectorize(sch.split(loop, factors=[None, lanes])[1])
+    elif ext > 1:
+        sch.vectorize(loop)
+
+
+def _under(sch, block, loop) -> bool:
+    return any(sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(block))

@@ -1,0 +1,116 @@
+"""Block roles of a fused attention PrimFunc, for the attention rule (``attention.py``).
+
+Predicates read the schedule's IR; :func:`last_index` and nothing else changes it (a layout
+transform through the schedule, whose own checks raise instead of producing a wrong program).
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
+
+from . import gemm
+from ._common import int_extent, is_spatial, root_blocks
+from .contraction import _operands
+
+
+def einsum(block: s_tir.SBlock):
+    """(store, row operand, streamed operand, gemm roles) of an einsum-form contraction."""
+    if is_spatial(block):
+        return None
+    ops = _operands(block)
+    roles = gemm.analyze(block, *ops) if ops else None
+    return None if roles is None else roles
+
+
+def same_vars(a, b) -> bool:
+    """The same index vars in the same order, constants (unit dims) left out: an inlined
+    reshape between a 4-D softmax and a 3-D batch matmul adds or drops a leading 0."""
+    a = [x for x in a if not isinstance(x, tirx.IntImm)]
+    b = [y for y in b if not isinstance(y, tirx.IntImm)]
+    return len(a) == len(b) and all(isinstance(x, tirx.Var) and x.same_as(y)
+                                    for x, y in zip(a, b))
+
+
+def producer_of(sch, buffer):
+    for blk in root_blocks(sch):
+        if any(w.source.same_as(buffer) for w in sch.get(blk).writes):
+            return blk
+    return None
+
+
+def uses(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v.same_as(var))))
+    return any(found)
+
+
+def loops_below(sch, block, top) -> dict | None:
+    """The loops of ``block`` under ``top``, keyed by the block var each one drives (a loop
+    of extent 1 may drive none); None where a loop drives several."""
+    stmt = sch.get(block)
+    values = get_sblockrealize(sch, block).iter_values
+    loops = sch.get_loops(block)
+    start = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(top))) + 1
+    out = {}
+    for lp in loops[start:]:
+        var = sch.get(lp).loop_var
+        bound = [iv.var for iv, val in zip(stmt.iter_vars, values) if uses(val, var)]
+        if len(bound) > 1 or (not bound and int_extent(sch, lp) != 1):
+            return None
+        if bound:
+            out[bound[0]] = lp
+    return out
+
+
+def last_index(sch, block_name: str, load, var) -> None:
+    """Store ``load``'s buffer with the index ``var`` last (vectors along it are contiguous):
+    a transform of its producer's layout, or of a copy when the buffer is an input."""
+    pos = next(i for i, x in enumerate(load.indices) if isinstance(x, tirx.Var)
+               and x.same_as(var))
+    ndim = len(load.indices)
+    if pos == ndim - 1:
+        return
+    block = sch.get_sblock(block_name)
+    producer = producer_of(sch, load.source)
+    if producer is None:
+        index = next(i for i, r in enumerate(sch.get(block).reads)
+                     if r.source.same_as(load.source))
+        producer = sch.cache_read(block, index, "global")
+    mapping = tirx.IndexMap.from_func(
+        lambda *idx: (*idx[:pos], *idx[pos + 1:], idx[pos]), ndim=ndim)
+    sch.transform_layout(producer, ("write", 0), mapping)
+
+
+def reduces_last_axis(block: s_tir.SBlock) -> bool:
+    """Whether a block's reduction vars index only the last axis of what it reads (a row
+    reduction over the keys; a spatial block trivially)."""
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if not reduce:
+        return True
+    loads = []
+    tvm_ffi.structural_walk(block.body, (tvm.ir.expr.TensorLoad, loads.append))
+    return all(not uses(index, var) for load in loads for index in load.indices[:-1]
+               for var in reduce)
+
+
+def p_chain(sch, p_buffer, first: str | None):
+    """Names of the blocks P is computed from (program order), stopping at ``first``; None
+    where the chain holds another contraction or P is an input."""
+    start = producer_of(sch, p_buffer)
+    if start is None:
+        return None
+    seen, stack = {}, [start]
+    while stack:
+        blk = stack.pop()
+        name = sch.get(blk).name_hint
+        if name in seen or name == first:
+            continue
+        if einsum(sch.get(blk)) is not None:
+            return None
+        seen[name] = blk
+        stack.extend(sch.get_producers(blk))
+    order = [sch.get(b).name_hint for b in root_blocks(sch)]
+    return sorted(seen, key=order.index)

@@ -1,0 +1,200 @@
+"""The fused attention kernel (``schedules/attention.py``): numerics against the unfused
+program and NumPy (plain, masked and causal forms; ragged sequence lengths), its structure on
+fixed AVX2 / AVX-512 targets, the groups it declines, and that the planner forms the group
+(FuseOps cannot) and prices it as this kernel."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm_costfuse.schedules import Attention, schedule_pass
+from tvm_costfuse.schedules.classes import ScheduleClass
+
+from tvm_costfuse import FusionConfig, build_graph, plan_greedy
+from tvm_costfuse.cost.extract import group_features
+from tvm_costfuse.measurement.timing import run
+from tvm_costfuse.partition import ApplyPartition
+from tvm_costfuse.pipelines import build_pipeline, prepare
+from tvm_costfuse.targets import host, host_target
+from tvm_costfuse.testing import attention_program as _program
+
+TARGET = host_target(2)
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+F32 = "float32"
+
+
+def _numpy(inputs: dict, form: str) -> np.ndarray:
+    q, k, v = (inputs[n].astype(np.float64) for n in "qkv")
+    sc = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if form == "masked":
+        sc = sc + inputs["mask"]
+    elif form == "causal":
+        sc = np.where(np.tril(np.ones(sc.shape[-2:], bool)), sc, -1e4)
+    sc = np.exp(sc - sc.max(-1, keepdims=True))
+    return (sc / sc.sum(-1, keepdims=True)) @ v
+
+
+def _everything(mod) -> list[str]:
+    return [n.name for n in build_graph(mod).nodes if n.kind == "call_tir"]
+
+
+def _fused(mod, group: list[str]) -> tirx.PrimFunc:
+    fused = relax.transform.FuseTIR()(ApplyPartition([group])(mod))
+    (func,) = [f for gv, f in fused.functions.items()
+               if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused")]
+    return func
+
+
+def _scheduled(func, target):
+    with target:
+        return Attention().apply(func, target, False)
+
+
+def _loops(func) -> list[tirx.For]:
+    found = []
+    tvm_ffi.structural_walk(func.body, (tirx.For, found.append), order="pre")
+    return found
+
+
+@pytest.mark.parametrize(("shape", "form"), [
+    ((1, 2, 16, 16), "plain"),
+    ((1, 2, 16, 16), "masked"),
+    ((1, 2, 16, 16), "causal"),
+    ((2, 3, 7, 16), "masked"),  # fewer keys than a vector; batch 2
+    ((1, 2, 197, 32), "causal"),  # ViT's 197 tokens: ragged row blocks and key vectors
+    ((1, 2, 128, 64), "plain"),  # BERT's 128 tokens and head dim, 2 of its 12 heads
+    ((1, 1, 3, 8), "causal"),  # rows and head dim below one register tile
+])
+def test_fused_kernel_matches_the_unfused_program(shape, form) -> None:
+    mod, inputs = _program(*shape, form)
+    group = _everything(mod)
+    assert _scheduled(_fused(mod, group), TARGET) is not None  # this host's rule applies
+    fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
+    unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, None, schedule_pass(TARGET)))
+    got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("form", ["masked", "causal"])
+def test_one_parallel_row_block_loop_with_local_buffers_and_vectors(target, form) -> None:
+    mod, _ = _program(1, 12, 197, 64, form)
+    group = _everything(mod)
+    assert group_features(build_graph(mod), group).schedule_on("cpu") == ScheduleClass.ATTENTION
+    assert ScheduleClass.ATTENTION in Attention.classes
+    sch = _scheduled(_fused(mod, group), target)
+    assert sch is not None
+    func = sch.mod["main"]
+    loops = _loops(func)
+    parallel = [lp for lp in loops if lp.kind == tirx.ForKind.PARALLEL]
+    # the K^T transpose is a streamed pass of its own; the rest one loop over the 12 heads,
+    # the ragged row blocks of 197 rows serial inside it, the last one to be peeled off
+    assert len(parallel) == 2
+    heads = parallel[-1]
+    assert int(heads.extent) == 12
+    inner = _loops(heads)
+    assert any("pragma_loop_partition_hint" in lp.annotations and int(lp.extent) > 1
+               and lp.kind == tirx.ForKind.SERIAL for lp in inner[1:])
+    vectors = {int(lp.extent) for lp in inner if lp.kind == tirx.ForKind.VECTORIZED}
+    lanes = 16 if target is AVX512 else 8
+    assert lanes in vectors  # scores, exp and partials along the keys
+    assert any(v % lanes == 0 and v <= 64 for v in vectors)  # the P V output tile
+    local = {}
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: local.update(
+        {buf.name: buf.scope() for buf in b.alloc_buffers})))
+    scores = [n for n in local if n.startswith("matmul_intermediate") and "_1" not in n]
+    assert scores and all(local[n] == "local" for n in scores)  # the scores never reach memory
+    assert all(local[n] == "local" for n in local if "softmax" in n)
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_whole_row_blocks_join_the_parallel_loop(target) -> None:
+    mod, _ = _program(1, 12, 128, 64, "masked")
+    sch = _scheduled(_fused(mod, _everything(mod)), target)
+    assert sch is not None
+    parallel = [lp for lp in _loops(sch.mod["main"]) if lp.kind == tirx.ForKind.PARALLEL]
+    assert len(parallel) == 2 and int(parallel[-1].extent) % 12 == 0
+    assert int(parallel[-1].extent) > 12  # heads x row blocks
+
+
+def test_rows_shorter_than_a_register_tile_and_the_cuda_class() -> None:
+    mod, _ = _program(1, 1, 3, 8, "plain")
+    group = _everything(mod)
+    f = group_features(build_graph(mod), group)
+    assert f.schedule_on("cpu") == "attention" and f.schedule_on("cuda") == "fallback"
+    assert _scheduled(_fused(mod, group), AVX512) is not None
+
+
+def test_softmax_over_the_rows_is_no_attention() -> None:
+    """Normalized over the query axis, P V's reduction axis is not the softmax's: the row
+    block would need every row's scores. Neither the features nor the rule take it (8
+    queries against 16 keys: on square scores the graph alone cannot tell the axes apart,
+    the rule still can)."""
+    mod, _ = _program(1, 2, 16, 16, "plain", softmax_axis=-2, rows=8)
+    group = _everything(mod)
+    assert not group_features(build_graph(mod), group).attention
+    assert _scheduled(_fused(mod, group), AVX2) is None
+
+
+def test_two_matmuls_without_a_softmax_are_no_attention() -> None:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 2, 16, 16), F32))
+    w = relax.Var("w", relax.TensorType((1, 2, 16, 16), F32))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(x, w))))
+            out = bb.emit_output(relax.op.matmul(y, w))
+        bb.emit_func_output(out)
+    mod = prepare(bb.get())
+    group = _everything(mod)
+    assert not group_features(build_graph(mod), group).attention
+    assert _scheduled(_fused(mod, group), AVX512) is None
+
+
+def test_a_second_output_is_declined() -> None:
+    """The probabilities read outside the group as well (``output_attentions``): the rule
+    would have to store them, so it declines and the features do not call it attention."""
+    mod, _ = _program(1, 2, 16, 16, "plain", probs_out=True)
+    group = _everything(mod)
+    f = group_features(build_graph(mod), group)
+    assert f.n_outputs == 2 and not f.attention
+    assert _scheduled(_fused(mod, group), AVX512) is None
+
+
+@pytest.mark.parametrize("name", ["attention", "bert_layer", "gpt2_block"])
+def test_planner_forms_the_attention_group(name) -> None:
+    from conftest import prepared
+
+    graph = build_graph(prepared(name)[0])
+    plan = plan_greedy(graph, host(2, calibration=False), FusionConfig())
+    attention = [g for g in plan.groups
+                 if group_features(graph, g).schedule_on("cpu") == ScheduleClass.ATTENTION]
+    assert len(attention) == 1
+    kinds = [graph[n].prim_func or "" for n in attention[0]]
+    assert sum(k.startswith("matmul") for k in kinds) == 2 and "softmax" in kinds
+
+
+@pytest.mark.parametrize("name", ["bert", "vit_b_16", "gpt2"])
+def test_corpus_attention_is_one_kernel_per_layer(name) -> None:
+    """The imported (torch.export) forms: batch matmuls over merged heads with reshape views
+    between them and the 4-D softmax; one attention group per layer, scores included."""
+    from tvm_costfuse.models import corpus
+
+    mod, _, _ = corpus.load(name, small=True)
+    graph = build_graph(prepare(mod, TARGET))
+    plan = plan_greedy(graph, host(2, calibration=False), FusionConfig())
+    attention = [g for g in plan.groups
+                 if group_features(graph, g).schedule_on("cpu") == ScheduleClass.ATTENTION]
+    softmaxes = [n for n in graph.nodes if (n.prim_func or "").startswith("softmax")]
+    assert softmaxes and len(attention) == len(softmaxes)
+    for g in attention:
+        assert group_features(graph, g).n_contractions == 2
