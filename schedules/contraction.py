@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from . import conv, gemm
+from . import conv, depthwise, gemm
 from ._common import (
     covers_output,
     inline_spatial,
@@ -140,8 +140,9 @@ class Contraction(SafeRule):
         operands = _operands(sch.get(reductions[0]))
         einsum = gemm.analyze(sch.get(reductions[0]), *operands) if operands else None
         window = conv.analyze(sch.get(reductions[0]), *operands) if operands else None
+        dw = depthwise.analyze(sch.get(reductions[0]), *operands) if operands else None
         shape = _analyze_contraction(sch.get(reductions[0]))
-        if shape is None and einsum is None and window is None:
+        if shape is None and einsum is None and window is None and dw is None:
             return None
         inline_spatial(sch, protect={name})
         main = sch.get_sblock(name)
@@ -149,7 +150,7 @@ class Contraction(SafeRule):
         if len(consumers) > 1:
             return None
         # a micro-kernel fails whole (on a copy): the general tiling below stands
-        for kernel, roles in ((gemm, einsum), (conv, window)):
+        for kernel, roles in ((gemm, einsum), (conv, window), (depthwise, dw)):
             if roles is None:
                 continue
             trial = sch.copy()
