@@ -7,6 +7,7 @@ import dataclasses
 
 from conftest import prepared
 
+from tvm_costfuse.cost import analytical
 from tvm_costfuse.cost.analytical import estimate, launch_seconds
 from tvm_costfuse.cost.extract import group_features
 from tvm_costfuse.cost.features import GroupFeatures
@@ -159,3 +160,35 @@ def test_nested_math_calls_are_priced_as_the_libm_calls_they_stay() -> None:
     for n in (sigmoid, log):
         assert group_features(graph, [n.name]).math == n.math
     assert group_features(graph, chain).math == sigmoid.math + NESTED_CALL_FACTOR * log.math
+
+
+def test_depthwise_convs_are_priced_at_the_depthwise_rate() -> None:
+    """Every depthwise conv of mobilenetv2 takes the depthwise rate and no conv with a longer
+    reduction does; on corpus shapes a 1x1 conv with as short a reduction (16 -> 96 channels,
+    every input element feeds 96 outputs) does not either. A group priced as depthwise has its
+    compute at ``_EFF / _DEPTHWISE_EFF`` times the contraction's."""
+    mod = prepared("mobilenetv2")[0]
+    g = build_graph(mod)
+    convs = [n for n in g.nodes if n.kind == "call_tir" and n.reduction_extent > 1
+             and n.prim_func.startswith("conv2d")]
+    priced = {n.name for n in convs if analytical.is_depthwise(group_features(g, [n.name]))}
+    # TOPI names a grouped conv's block group_conv2d; in this model all of them are depthwise
+    depthwise = {n.name for n in convs if "group_conv2d" in mod[n.prim_func].script()}
+    assert depthwise and depthwise <= priced
+    assert not any(n.reduction_extent > 25 for n in convs if n.name in priced)
+
+    f = group_features(g, [sorted(depthwise)[0]])
+    pixels = 112 * 112  # mobilenet_v2's 96-channel 3x3 stride-2 conv and its 16 -> 96 1x1
+    dw = dataclasses.replace(f, contraction_flops=2.0 * 96 * 9 * pixels / 4, n_outputs=1,
+                             out_elems=96 * pixels // 4,
+                             boundary_sizes=(4 * 96 * pixels, 4 * 96 * 9, 4 * 96 * pixels // 4))
+    dense = dataclasses.replace(dw, contraction_flops=2.0 * 96 * 16 * pixels,
+                                out_elems=96 * pixels,
+                                boundary_sizes=(4 * 16 * pixels, 4 * 96 * 16, 4 * 96 * pixels))
+    assert analytical.is_depthwise(dw) and not analytical.is_depthwise(dense)
+    slow, fast = (estimate(dataclasses.replace(x, op_work=(), flops=x.contraction_flops,
+                                               recompute_flops=0.0, math=0.0),
+                           HOST).breakdown["compute"] / x.contraction_flops
+                  for x in (dw, dense))
+    expected = analytical._EFF["cpu"]["contraction"] / analytical._DEPTHWISE_EFF["cpu"]
+    assert abs(slow / fast / expected - 1) < 1e-6

@@ -39,6 +39,18 @@ _EFF = {
     # dlight: SIMT matmul tiles reach ~50% of FP32 peak; others are memory bound.
     "cuda": {SC.CONTRACTION: 0.50, SC.REDUCTION: 0.10, SC.ELEMENTWISE: 0.10, SC.FALLBACK: 0.10},
 }
+# A CPU contraction that does at most this many multiply-adds per output element and per
+# input element is a depthwise convolution (a 3x3 or 5x5 window over one channel;
+# ``schedules/depthwise.py``): its time is the loads, the one store per output and the padded
+# (stride 2: deinterleaved) input copy, not the FMAs. A 1x1 conv from 16 channels is no such
+# kernel (each input element feeds every output channel): measured 0.24 of peak (16 -> 96 at
+# 112 x 112; 24 -> 72 at 56 x 56: 0.43). The depthwise rate, as a fraction of the 173 GFLOP/s
+# FMA-chain peak of one emeraldrapids core: the kernel (its pad pass included) ran the
+# corpus's 44 depthwise shapes at 13.3 GFLOP/s geomean (stride 1: 20.3, stride 2: 7.2; TVM's
+# FLOP count; ``scripts/research/depthwise_bench.py --threads 1``, load average ~2 on 2 vCPUs;
+# docs/benchmarks.md).
+_DEPTHWISE_MACS = 25
+_DEPTHWISE_EFF = {"cpu": 0.077, "cuda": None}
 # Seconds one core spends on one exp-equivalent of math library work (``schedules.math_calls.MATH_COST``).
 # CPU: the vectorized exp (``schedules/fast_math``) over 1M float32 elements took 0.87 ns per
 # element machine-wide on the 2-core emeraldrapids host (``scripts/research/math_cost.py``,
@@ -149,6 +161,18 @@ def launch_seconds(f: GroupFeatures, target, schedule: str) -> float:
     return serial + nests * max(0.0, target.launch_s - serial)
 
 
+def is_depthwise(f: GroupFeatures) -> bool:
+    """One contraction with at most :data:`_DEPTHWISE_MACS` multiply-adds per output element
+    and per element of its largest input: a depthwise convolution's short window over one
+    channel. (A 1x1 conv whose weight outgrows the activations, 8 -> 48 channels on a 4 x 4
+    map, also passes: a kernel that small is priced by its launch and memory anyway.)"""
+    macs = f.contraction_flops / 2
+    inputs = (f.boundary_sizes[:len(f.boundary_sizes) - f.n_outputs] if f.boundary_sizes
+              else (f.bytes_in,))
+    largest = max(inputs, default=0) // max(1, f.dtype_bytes)
+    return f.n_contractions == 1 and 0 < macs <= _DEPTHWISE_MACS * min(f.out_elems, largest)
+
+
 def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Estimate:
     """Analytical time of one kernel computing the group described by ``f`` on ``target``."""
     if f.is_view:  # TVM makes a lone reshape a view: no launch, nothing moves
@@ -181,6 +205,8 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     eff = _EFF[kind][schedule]
     if schedule == SC.FALLBACK:
         contraction_rate = _NAIVE_CONTRACTION[kind] or peak * _NAIVE_CUDA_FRACTION
+    elif _DEPTHWISE_EFF[kind] and is_depthwise(f):
+        contraction_rate = peak * _DEPTHWISE_EFF[kind]
     else:
         contraction_rate = peak * _EFF[kind][SC.CONTRACTION]
     # Each op keeps its own loop's parallelism inside the kernel (fusing a scalar reduction
