@@ -119,8 +119,10 @@ class Contraction(SafeRule):
     A block whose indices are all plain vars (dense, matmul and batch matmul in every form the
     importers emit, 1x1 conv) gets the register-blocked micro-kernel of ``gemm.py``, which pads
     ragged extents; an NC(H)W convolution (windowed, strided, grouped) the direct kernel of
-    ``conv.py``, vectorized over output channels; the rest (depthwise, or where those decline)
-    keep the tiling below, whose tiles must divide the extents. Loop nest: ``parallel(tile of the bigger operand, other spatial, other tile) -> reduction
+    ``conv.py``, vectorized over output channels; an NCHW depthwise one the kernel of
+    ``depthwise.py``, vectorized along the image row; the rest (or where those decline) keep
+    the tiling below, whose tiles must divide the extents. Loop nest: ``parallel(tile of the
+    bigger operand, other spatial, other tile) -> reduction
     loops -> row tile (unrolled) -> vector tile (vectorized)``. The ``row x vec`` accumulator
     lives in a ``local`` buffer that LLVM promotes to registers; the epilogue is inlined into
     its write-back so the contraction result never reaches memory. Producers (pad, transpose)

@@ -152,11 +152,14 @@ def choose_depthwise_tile(height: int, width: int, lanes: int, registers: int
                           ) -> DepthwiseTile:
     """Rows and columns of output held in accumulators.
 
-    Columns: the whole row where it fits a few vectors (a 7-, 14- or 28-wide feature map is
+    Columns: the whole row where it fits two vectors (a 7-, 14- or 28-wide feature map is
     one partly filled vector or two), else the largest multiple of ``lanes`` up to four
-    vectors that divides the row (112 = 7 x 16). Rows: a divisor of ``height`` (no guard),
-    as many as the accumulator budget allows, at least enough tiles to cover the FMA
-    latency on both ports.
+    vectors that divides the row (112 = 7 x 16), else the largest divisor of the row below
+    one vector: 56 on AVX-512 as 7 half vectors ran 144 x 56 x 56 at 0.35 ms, whole
+    3.5-vector rows at 0.36 and 14- or 28-lane pieces at 0.47-0.51 (a tail guard made the
+    16-lane split 0.67). Rows: the largest divisor of ``height`` (no guard) whose tile fits
+    the accumulator budget less the broadcast weight and one input vector: the more rows,
+    the more input vectors neighbouring rows share and the more independent FMA chains.
     """
     budget = accumulator_budget(registers) - 2  # the broadcast weight and one input vector
     if width <= 2 * lanes:
