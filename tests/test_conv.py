@@ -17,9 +17,8 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
-from tvm_costfuse.schedules import Contraction
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm_costfuse.schedules import depthwise
+from tvm_costfuse.schedules import Contraction, depthwise
 from tvm_costfuse.schedules._common import MIN_PARALLEL_FMAS, is_spatial, root_blocks
 from tvm_costfuse.schedules.contraction import _operands
 from tvm_costfuse.schedules.conv import _operand_registers, choose_conv_tile

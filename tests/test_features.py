@@ -177,7 +177,7 @@ def test_depthwise_convs_are_priced_at_the_depthwise_rate() -> None:
     assert depthwise and depthwise <= priced
     assert not any(n.reduction_extent > 25 for n in convs if n.name in priced)
 
-    f = group_features(g, [sorted(depthwise)[0]])
+    f = group_features(g, [min(depthwise)])
     pixels = 112 * 112  # mobilenet_v2's 96-channel 3x3 stride-2 conv and its 16 -> 96 1x1
     dw = dataclasses.replace(f, contraction_flops=2.0 * 96 * 9 * pixels / 4, n_outputs=1,
                              out_elems=96 * pixels // 4,

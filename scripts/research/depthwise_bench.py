@@ -21,10 +21,10 @@ import numpy as np
 import tvm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bench_kernels  # noqa: E402
+import bench_kernels
+from tvm_costfuse.schedules import depthwise
 
 from tvm_costfuse.measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
-from tvm_costfuse.schedules import depthwise
 from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.targets import host_target
 
