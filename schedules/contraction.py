@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from . import conv, gemm
+from . import conv, depthwise, gemm
 from ._common import (
     covers_output,
     inline_spatial,
@@ -119,8 +119,10 @@ class Contraction(SafeRule):
     A block whose indices are all plain vars (dense, matmul and batch matmul in every form the
     importers emit, 1x1 conv) gets the register-blocked micro-kernel of ``gemm.py``, which pads
     ragged extents; an NC(H)W convolution (windowed, strided, grouped) the direct kernel of
-    ``conv.py``, vectorized over output channels; the rest (depthwise, or where those decline)
-    keep the tiling below, whose tiles must divide the extents. Loop nest: ``parallel(tile of the bigger operand, other spatial, other tile) -> reduction
+    ``conv.py``, vectorized over output channels; an NCHW depthwise one the kernel of
+    ``depthwise.py``, vectorized along the image row; the rest (or where those decline) keep
+    the tiling below, whose tiles must divide the extents. Loop nest: ``parallel(tile of the
+    bigger operand, other spatial, other tile) -> reduction
     loops -> row tile (unrolled) -> vector tile (vectorized)``. The ``row x vec`` accumulator
     lives in a ``local`` buffer that LLVM promotes to registers; the epilogue is inlined into
     its write-back so the contraction result never reaches memory. Producers (pad, transpose)
@@ -140,8 +142,9 @@ class Contraction(SafeRule):
         operands = _operands(sch.get(reductions[0]))
         einsum = gemm.analyze(sch.get(reductions[0]), *operands) if operands else None
         window = conv.analyze(sch.get(reductions[0]), *operands) if operands else None
+        dw = depthwise.analyze(sch.get(reductions[0]), *operands) if operands else None
         shape = _analyze_contraction(sch.get(reductions[0]))
-        if shape is None and einsum is None and window is None:
+        if shape is None and einsum is None and window is None and dw is None:
             return None
         inline_spatial(sch, protect={name})
         main = sch.get_sblock(name)
@@ -149,7 +152,7 @@ class Contraction(SafeRule):
         if len(consumers) > 1:
             return None
         # a micro-kernel fails whole (on a copy): the general tiling below stands
-        for kernel, roles in ((gemm, einsum), (conv, window)):
+        for kernel, roles in ((gemm, einsum), (conv, window), (depthwise, dw)):
             if roles is None:
                 continue
             trial = sch.copy()

@@ -21,7 +21,8 @@ activation, residual) computed on vectors of channels; those stores are strided,
 ``1 / (IC * KH * KW)`` of the FMAs.
 
 Grouped convolutions fit when a vector of output channels stays in one group (``cols``
-divides the channels per group); depthwise and narrower groups keep the general tiling.
+divides the channels per group); depthwise convolutions get ``depthwise.py``'s kernel, and
+narrower groups keep the general tiling.
 """
 
 from __future__ import annotations

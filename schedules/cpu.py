@@ -9,7 +9,8 @@ Rules are tried in the order :func:`rules` returns (first that applies wins, as 
 1. :class:`Contraction` -- one matmul / batch-matmul / conv2d / depthwise block
    (``C += A * B``) plus spatial producers and at most one epilogue: register-blocked tiles
    (``gemm.py``'s micro-kernel for einsum-form blocks, ``conv.py``'s direct kernel for NC(H)W
-   convolutions), accumulator in a local buffer, epilogue computed from registers.
+   convolutions, ``depthwise.py``'s for NCHW depthwise ones), accumulator in a local
+   buffer, epilogue computed from registers.
 2. :class:`Attention` -- scores -> scale/mask -> softmax -> P V (``attention.py``): parallel
    over batch x blocks of query rows, the row block's scores, softmax and output tile in
    local buffers and registers.

@@ -16,6 +16,12 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
 - ``E_path``: what the best-shaped kernels of each path reach on top of that (loop and address
   overhead, cache misses the model does not see).
 
+A depthwise convolution (``depthwise.py``) has no tile search: its share is
+``K / (K + K0) * E_DEPTHWISE[stride]``, its time the loads of each tap and, at stride 2, the
+scalar deinterleaving copy (the geomean over the corpus's 44 depthwise shapes of
+``scripts/research/depthwise_bench.py``, docs/benchmarks.md: stride 1 0.44, stride 2 0.14, 3x3
+and 5x5 within 1.4x of it).
+
 Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
 docs/benchmarks.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
 ``scripts/research/fit_efficiency.py``). What a contraction's block looks like is read once
@@ -31,7 +37,7 @@ import math
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from . import conv_shape, gemm
+from . import conv_shape, depthwise, gemm
 from ._common import is_spatial, root_blocks
 from .conv import choose_conv_tile
 from .prepack import layout_free
@@ -43,6 +49,8 @@ __all__ = ["describe", "fraction_of_peak"]
 K0 = 28.0
 # Best-case share of each path after tile padding and the K term (fitted).
 E_PATH = {"gemm": 0.78, "conv": 0.80, "tiled": 0.43}
+# A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
+E_DEPTHWISE = {1: 0.44, 2: 0.14}
 
 
 def _extent(iv) -> int | None:
@@ -52,9 +60,10 @@ def _extent(iv) -> int | None:
 
 def describe(func: tirx.PrimFunc) -> tuple | None:
     """The contraction geometry of a single-contraction PrimFunc, JSON-ready:
-    ``(k, gemm, conv, tiled)`` where ``gemm`` is ``(m, n, weight_is_param)`` or None, ``conv``
-    ``(channels, per_group, height, width, taps, stride, dilation)`` or None and ``tiled`` the
-    vectorized extent of the general tiling. None where the function has no such block or a
+    ``(k, gemm, conv, tiled, depthwise)`` where ``gemm`` is ``(m, n, weight_is_param)`` or
+    None, ``conv`` ``(channels, per_group, height, width, taps, stride, dilation)`` or None,
+    ``tiled`` the vectorized extent of the general tiling and ``depthwise`` the stride of a
+    depthwise convolution ``depthwise.py`` takes, or None. None where the function has no such block or a
     symbolic extent."""
     try:
         sch = s_tir.Schedule(func)
@@ -91,7 +100,9 @@ def describe(func: tirx.PrimFunc) -> tuple | None:
         height = extents[shape.height] if shape.height is not None else 1
         conv_geom = (extents[shape.channel], shape.per_group, height, extents[shape.width],
                      *shape.window)
-    return (k, gemm_geom, conv_geom, tiled)
+    dw = depthwise.analyze(block, *operands)
+    dw_stride = max(dw.rows[1], dw.cols[1]) if dw is not None else None
+    return (k, gemm_geom, conv_geom, tiled, dw_stride)
 
 
 def _gemm_share(m: int, n: int, weight: bool, lanes: int, registers: int) -> float | None:
@@ -122,8 +133,10 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     """(path, share of the FMA peak) of the kernel the CPU contraction rule builds for a block
     of this :func:`describe` geometry on a target with ``lanes`` float lanes and ``registers``
     vector registers. The path is the one the rule tries first that fits: the micro-kernel,
-    the direct convolution, else the general tiling."""
-    k, gemm_geom, conv_geom, tiled = geometry
+    the direct convolution, the depthwise kernel, else the general tiling. (Geometries
+    recorded before the depthwise element have four.)"""
+    k, gemm_geom, conv_geom, tiled, *rest = geometry
+    dw_stride = rest[0] if rest else None
     reduce = k / (k + K0)
     share = _gemm_share(*gemm_geom, lanes, registers) if gemm_geom else None
     if share is not None:
@@ -131,5 +144,7 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     share = _conv_share(*conv_geom, lanes, registers) if conv_geom else None
     if share is not None:
         return "conv", E_PATH["conv"] * share * reduce
+    if dw_stride is not None:
+        return "depthwise", E_DEPTHWISE.get(dw_stride, E_DEPTHWISE[2]) * reduce
     fill = tiled / (-(-tiled // lanes) * lanes)
     return "tiled", E_PATH["tiled"] * fill * reduce

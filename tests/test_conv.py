@@ -9,6 +9,7 @@ compile; numeric checks run on this host's ISA and on generic x86-64 (SSE2, 4 la
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -16,8 +17,12 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
-from tvm_costfuse.schedules import Contraction
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm_costfuse.schedules import Contraction, depthwise
+from tvm_costfuse.schedules._common import MIN_PARALLEL_FMAS, is_spatial, root_blocks
+from tvm_costfuse.schedules.contraction import _operands
 from tvm_costfuse.schedules.conv import _operand_registers, choose_conv_tile
+from tvm_costfuse.schedules.depthwise import choose_depthwise_tile
 from tvm_costfuse.schedules.gemm import accumulator_budget
 from tvm_costfuse.schedules.prepack import mark_constant_weights
 
@@ -33,6 +38,19 @@ GENERIC = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 2})
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 ISAS = pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+
+F = torch.nn.functional
+
+
+def _hardswish(y):
+    return relax.op.multiply(relax.op.multiply(
+        y, relax.op.nn.relu6(relax.op.add(y, relax.const(3.0, "float32")))),
+        relax.const(1.0 / 6.0, "float32"))
+
+
+# activation: (Relax, PyTorch)
+_ACTS = {"relu": (relax.op.nn.relu, torch.relu), "relu6": (relax.op.nn.relu6, F.relu6),
+         "hardswish": (_hardswish, F.hardswish), "silu": (relax.op.nn.silu, F.silu)}
 
 # name: (input shape, weight shape, stride, padding per spatial dim, groups, residual add)
 CASES = {
@@ -71,8 +89,8 @@ def _out_shape(case):
     return (x_shape[0], w_shape[0], *spatial)
 
 
-def _module(case, a):
-    """conv -> + bias -> BN (scale, shift) -> ReLU [-> + residual], weights constant."""
+def _module(case, a, act="relu"):
+    """conv -> + bias -> BN (scale, shift) -> ``act`` [-> + residual], weights constant."""
     x_shape, w_shape, stride, pad, groups, residual = case
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(x_shape, "float32"))
@@ -89,7 +107,7 @@ def _module(case, a):
             for name, combine in (("bias", relax.op.add), ("scale", relax.op.multiply),
                                   ("shift", relax.op.add)):
                 y = bb.emit(combine(y, relax.const(a[name].reshape(per_channel))))
-            y = bb.emit(relax.op.nn.relu(y))
+            y = bb.emit(_ACTS[act][0](y))
             if residual:
                 y = bb.emit(relax.op.add(y, r))
             gv = bb.emit_output(y)
@@ -97,13 +115,13 @@ def _module(case, a):
     return bb.get(), inputs
 
 
-def _reference(case, a):
+def _reference(case, a, act="relu"):
     _, _, stride, pad, groups, residual = case
     conv = torch.nn.functional.conv1d if len(case[0]) == 3 else torch.nn.functional.conv2d
     t = {k: torch.from_numpy(v) for k, v in a.items() if v is not None}
     per_channel = (-1,) + (1,) * (len(case[0]) - 2)
     y = conv(t["x"], t["w"], t["bias"], stride=stride, padding=pad, groups=groups)
-    y = torch.relu(y * t["scale"].view(per_channel) + t["shift"].view(per_channel))
+    y = _ACTS[act][1](y * t["scale"].view(per_channel) + t["shift"].view(per_channel))
     return (y + t["res"] if residual else y).numpy()
 
 
@@ -158,14 +176,9 @@ def test_tile_fits_the_register_file(target, channels, per_group, height, width)
     assert tile.height * tile.width * tile.vectors >= min(8, height * width)  # latency hidden
 
 
-def test_depthwise_and_narrow_groups_keep_the_general_tiling():
+def test_narrow_groups_keep_the_general_tiling():
     lanes, registers = isa.vector_lanes(AVX512, "float32"), isa.vector_registers(AVX512)
     assert choose_conv_tile(128, 4, 56, 56, lanes, registers) is None  # ResNeXt's 4 per group
-    case = ((1, 32, 14, 14), (32, 1, 3, 3), 1, (1, 1), 32, False)  # depthwise
-    func = _conv_funcs(_module(case, _arrays(case))[0], AVX512)[0]
-    with AVX512:
-        out = Contraction().apply(func, AVX512, False).mod["main"]
-    assert all(len(p.shape) <= 4 for p in out.params)  # no channel panels
 
 
 def _inner_loop(asm: str) -> str:
@@ -231,3 +244,109 @@ def test_weight_passed_as_input_is_packed_per_call():
     ref = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w),
                                                 padding=1)).numpy()
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+# Depthwise (schedules/depthwise.py). name: (input, weight, stride, padding, groups, residual,
+# activation); widths from the corpus (112, 56, 14, 7) and odd ones (15 -> 8, 10 unpadded).
+DW_CASES = {
+    "dw3x3_s1_112": ((1, 16, 112, 112), (16, 1, 3, 3), 1, (1, 1), 16, False, "relu6"),
+    "dw3x3_s2_112": ((1, 32, 112, 112), (32, 1, 3, 3), 2, (1, 1), 32, False, "relu6"),
+    "dw3x3_s1_14_residual": ((1, 40, 14, 14), (40, 1, 3, 3), 1, (1, 1), 40, True, "hardswish"),
+    "dw3x3_s2_14_to_7": ((1, 24, 14, 14), (24, 1, 3, 3), 2, (1, 1), 24, False, "relu"),
+    "dw5x5_s1_7_residual": ((1, 48, 7, 7), (48, 1, 5, 5), 1, (2, 2), 48, True, "silu"),
+    "dw5x5_s2_odd_15": ((1, 24, 15, 15), (24, 1, 5, 5), 2, (2, 2), 24, False, "silu"),
+    "dw3x3_unpadded_10": ((1, 8, 10, 10), (8, 1, 3, 3), 1, (0, 0), 8, False, "relu"),
+}
+
+
+def _dw_func(name, target):
+    case = DW_CASES[name]
+    funcs = _conv_funcs(_module(case[:6], _arrays(case[:6]), case[6])[0], target)
+    assert len(funcs) == 1  # conv, BN, activation and the residual add: one kernel
+    return funcs[0]
+
+
+def _normalized_conv_block(func):
+    """The convolution block of ``func`` as the contraction rule analyzes it (unit loops
+    dropped by ``normalize_prim_func``)."""
+    sch = s_tir.Schedule(func)
+    assert normalize_prim_func(sch) is not None
+    return next(sch.get(b) for b in root_blocks(sch) if not is_spatial(sch.get(b)))
+
+
+def _assert_depthwise_kernel(func, target, stride):
+    """The contraction rule gave ``func`` the depthwise kernel: the update in a loop over
+    channels (parallel when big enough) with the image row vectorized in tiles of
+    ``choose_depthwise_tile``; stride 2 reads a deinterleaved ``(.., 2, W / 2)`` plane."""
+    conv = _normalized_conv_block(func)
+    assert depthwise.analyze(conv, *_operands(conv)) is not None
+    sch = Contraction().apply(func, target, False)
+    assert sch is not None, "the contraction rule did not apply"
+    out = sch.mod["main"]
+    body = out.body.block.body
+    nests = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    kernel = next(n for n in nests if "_update" in n.script())
+    fmas = math.prod(int(iv.dom.extent) for iv in conv.iter_vars)
+    assert (kernel.kind == tirx.ForKind.PARALLEL) == (fmas >= MIN_PARALLEL_FMAS)
+    loops: list = []
+    tvm_ffi.structural_walk(kernel, (tirx.For, loops.append), order="pre")
+    update = [lp for lp in loops if lp.kind == tirx.ForKind.VECTORIZED
+              and "_update" in lp.body.script()]
+    out_shape = [int(d) for d in conv.writes[0].source.shape]
+    tile = choose_depthwise_tile(out_shape[-2], out_shape[-1],
+                                 isa.vector_lanes(target, "float32"),
+                                 isa.vector_registers(target))
+    assert len(update) == 1 and int(update[0].extent) == tile.width
+    planes = [len(b.shape) for b in out.body.block.alloc_buffers if len(b.shape) == 5]
+    assert bool(planes) == (stride == 2)
+    return out
+
+
+@pytest.mark.parametrize("target", [HOST, GENERIC], ids=["host", "x86-64"])
+@pytest.mark.parametrize("name", sorted(DW_CASES))
+def test_depthwise_matches_pytorch_with_fused_epilogue(name, target):
+    case = DW_CASES[name]
+    a = _arrays(case[:6])
+    mod, inputs = _module(case[:6], a, case[6])
+    with target:
+        _assert_depthwise_kernel(_dw_func(name, target), target, case[2])
+    ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
+    got = run(ex, inputs)[0]
+    ref = _reference(case[:6], a, case[6])
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+@ISAS
+@pytest.mark.parametrize("name", ["dw3x3_s1_112", "dw3x3_s2_112"])
+def test_depthwise_inner_loop_is_full_vector_fmas(target, name):
+    """Compile only (explicit ISA): the reduction step is full-width FMAs on contiguous
+    input vectors: no gathers or lane inserts (a stride-2 row read in NCHW would be)."""
+    with target:
+        func = _assert_depthwise_kernel(_dw_func(name, target), target, DW_CASES[name][2])
+    ex = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
+    body = _inner_loop(ex.mod.inspect_source("asm"))
+    reg = "zmm" if isa.vector_bits(target) == 512 else "ymm"
+    fmas = [ln for ln in body.splitlines() if "vfmadd" in ln]
+    assert len(fmas) >= 8 and all(reg in ln for ln in fmas)
+    assert not [ln for ln in body.splitlines() if re.search(r"vgather|vinsertps|vpinsr", ln)]
+
+
+@pytest.mark.parametrize("w_shape,groups", [((32, 1, 3, 3), 16), ((16, 16, 3, 3), 1),
+                                            ((16, 4, 3, 3), 4)],
+                         ids=["multiplier_2", "dense", "grouped"])
+def test_depthwise_declines_other_convolutions(w_shape, groups):
+    """A channel multiplier, a dense and a grouped conv are no depthwise block: None."""
+    case = ((1, 16, 14, 14), w_shape, 1, (1, 1), groups, False)
+    conv = _normalized_conv_block(_conv_funcs(_module(case, _arrays(case))[0], AVX512)[0])
+    assert _operands(conv) is not None
+    assert depthwise.analyze(conv, *_operands(conv)) is None
+
+
+@ISAS
+@pytest.mark.parametrize("height,width", [(112, 112), (56, 56), (28, 28), (14, 14), (7, 7)])
+def test_depthwise_tile_fits_the_register_file(target, height, width):
+    lanes, registers = isa.vector_lanes(target, "float32"), isa.vector_registers(target)
+    tile = choose_depthwise_tile(height, width, lanes, registers)
+    assert height % tile.height == 0 and (tile.width == width or width % tile.width == 0)
+    assert tile.height * tile.vectors <= accumulator_budget(registers)
+    assert tile.height * tile.vectors >= min(4, height)  # a few independent FMA chains

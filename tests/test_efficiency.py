@@ -86,6 +86,23 @@ def test_convolution_paths():
     assert path == "tiled" and share < fraction_of_peak(dense, *AVX512)[1] / 2
 
 
+def test_depthwise_convolutions_take_the_depthwise_path_by_stride():
+    """A depthwise conv is read as one (``depthwise.py``'s kernel, stride recorded) and priced
+    by its stride on both register files; a dense 1x1 conv with as short a reduction (16
+    input channels) is not."""
+    s1 = _geometry(_conv(96, 96, 28, 3, groups=96))
+    s2 = _geometry(_conv(96, 96, 28, 3, groups=96, stride=2))
+    assert s1[0] == 9 and s1[4] == 1 and s2[4] == 2
+    for regs in (AVX512, AVX2):
+        (p1, share1), (p2, share2) = fraction_of_peak(s1, *regs), fraction_of_peak(s2, *regs)
+        assert p1 == p2 == "depthwise"
+        assert share2 < share1 / 2  # the stride-2 deinterleaving copy is scalar
+    pointwise = _geometry(_conv(16, 96, 28, 1))
+    assert pointwise[4] is None and fraction_of_peak(pointwise, *AVX512)[0] == "gemm"
+    # a geometry recorded before the depthwise element still prices (as before)
+    assert fraction_of_peak(s1[:4], *AVX512)[0] == "tiled"
+
+
 def test_analytical_prices_a_short_reduction_slower_per_flop():
     """Two matmuls of equal FLOPs: the K = 64 one is priced slower than the K = 1024 one;
     the one-constant efficiency priced them alike."""

@@ -1,0 +1,244 @@
+"""Depthwise convolution kernel: NCHW, one filter per channel, vectorized along the image row.
+
+A depthwise block (``groups == channels``, multiplier 1, as the importers legalize it)
+
+``C[n, c, y, x] += P[n, c, y * s + ry * d, x * s + rx * d] * W[c, 0, ry, rx]``
+
+has no reduction over channels to vectorize (``conv.py``'s kernel) and only ``KH * KW`` (9 or
+25) multiply-adds per output, so its time is loads, stores and the padded copy. As in XNNPACK's
+and TVM's old x86 ``depthwise_conv2d`` kernels (NCHW), the output row is the vector axis: per
+``(ry, rx)`` step one weight scalar (broadcast) times one input vector per output vector:
+
+``parallel(n, c) -> row tile, column tile -> ry, rx (unrolled) -> rows (unrolled)
+-> columns (vectorized)``
+
+- the ``rows x columns`` accumulator tile stays in registers (:func:`choose_depthwise_tile`),
+  the unrolled window lets LLVM share the input vectors that neighbouring output rows read,
+  and the epilogue (bias, BN, activation, residual) is computed on it before the one store;
+- stride 2 stores the input plane deinterleaved, ``(.., H, 2, W / 2)`` (even columns, then
+  odd; the legalized zero-pad writes it, or a copy of an unpadded input), so every window tap
+  reads contiguous vectors: in NCHW a stride-2 row read is a gather of scalars per tap, 9 or
+  25 per output, where the deinterleaving copy scatters each input element once.
+
+The padded (or deinterleaved) plane stays one streamed pass of its own. Computing it per
+channel inside the parallel loop measured slower or equal on 42 of the corpus's 44 depthwise
+shapes (1 thread, emeraldrapids, ``scripts/research/depthwise_bench.py``): a plane under a few
+KiB becomes a stack array that LLVM splits into scalars (efficientnet_b0's 1152 x 7 x 7 5x5:
+0.70 ms per channel against 0.15 ms as a pass).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import ir, s_tir, tirx
+from tvm.sym.analyzer import Analyzer
+
+from ._common import (
+    MIN_PARALLEL_FMAS,
+    covers_output,
+    largest_divisor,
+    vector_lanes,
+    vector_registers,
+)
+from ._loops import parallelize, schedule_rest, split_loops
+from .conv_shape import _coefficient
+from .gemm import _try, accumulator_budget
+
+__all__ = ["DepthwiseShape", "DepthwiseTile", "analyze", "choose_depthwise_tile", "schedule"]
+
+_log = logging.getLogger(__name__)
+
+# Windows with more taps than this are no depthwise layer of the corpus (3x3, 5x5; 7x7 in
+# ConvNeXt): an unrolled 9x9 window would be a large body for little gain.
+_MAX_TAPS = 49
+
+
+@dataclass(frozen=True)
+class DepthwiseShape:
+    """The block vars of a depthwise convolution and its window along each image axis."""
+
+    channel: tirx.Var
+    width: tirx.Var
+    height: tirx.Var
+    data: ir.TensorLoad
+    weight: ir.TensorLoad
+    # (taps, stride, dilation) along the rows (height) and the columns (width)
+    rows: tuple[int, int, int]
+    cols: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class DepthwiseTile:
+    """``height`` output rows by ``width`` output columns (``width`` a multiple of the vector
+    or the whole row) held in accumulators."""
+
+    height: int
+    width: int
+    lanes: int
+
+    @property
+    def vectors(self) -> int:
+        return -(-self.width // self.lanes)
+
+
+def _vars(expr) -> list[tirx.Var]:
+    found: list = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, found.append), order="post")
+    return found
+
+
+def _is(expr, var) -> bool:
+    return isinstance(expr, tirx.Var) and expr.same_as(var)
+
+
+def _axis_window(index, out_var, reduce_var, extents) -> tuple[int, int, int] | None:
+    """(taps, stride, dilation) of ``index == out_var * s + reduce_var * d``; None otherwise
+    (an offset, another var, a product)."""
+    found = _vars(index)
+    if not all(v.same_as(out_var) or v.same_as(reduce_var) for v in found):
+        return None
+    stride, dilation = _coefficient(index, out_var), _coefficient(index, reduce_var)
+    if not stride or not dilation or stride < 1 or dilation < 1:
+        return None
+    rest = Analyzer().simplify(index - out_var * stride - reduce_var * dilation)
+    if not (isinstance(rest, tirx.IntImm) and int(rest) == 0):
+        return None
+    return int(extents[reduce_var]), stride, dilation
+
+
+def analyze(block: s_tir.SBlock, store, lhs, rhs) -> DepthwiseShape | None:
+    """Roles for ``store = store + lhs * rhs`` when it is an NCHW depthwise convolution with
+    multiplier 1 (the input's channel index is the output's channel var); None otherwise
+    (dense and grouped convolutions, matmuls, NHWC, a channel multiplier)."""
+    kinds = {iv.var: iv.iter_type for iv in block.iter_vars}
+    extents = {iv.var: iv.dom.extent for iv in block.iter_vars}
+    if not all(isinstance(e, tirx.IntImm) for e in extents.values()):
+        return None
+    out = list(store.indices)
+    if len(out) != 4 or not all(isinstance(i, tirx.Var | tirx.IntImm) for i in out):
+        return None
+    channel, height, width = out[1], out[2], out[3]
+    if not all(isinstance(v, tirx.Var) and kinds.get(v) == tirx.IterVar.DataPar
+               for v in (channel, height, width)):
+        return None
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(reduce) != 2:
+        return None
+    for weight, data in ((lhs, rhs), (rhs, lhs)):
+        w, d = list(weight.indices), list(data.indices)
+        if len(w) != 4 or len(d) != 4 or not _is(w[0], channel) or not _is(d[1], channel):
+            continue
+        if not (isinstance(w[1], tirx.IntImm) and int(w[1]) == 0
+                and _is(w[2], reduce[0]) and _is(w[3], reduce[1])):
+            continue
+        if not (_is(d[0], out[0]) if isinstance(out[0], tirx.Var) else
+                isinstance(d[0], tirx.IntImm) and int(d[0]) == int(out[0])):
+            continue  # the batch
+        rows = _axis_window(d[2], height, reduce[0], extents)
+        cols = _axis_window(d[3], width, reduce[1], extents)
+        if rows is None or cols is None or rows[0] * cols[0] > _MAX_TAPS:
+            return None
+        if weight.source.same_as(store.buffer) or data.source.same_as(store.buffer):
+            return None
+        return DepthwiseShape(channel, width, height, data, weight, rows, cols)
+    return None
+
+
+def choose_depthwise_tile(height: int, width: int, lanes: int, registers: int
+                          ) -> DepthwiseTile:
+    """Rows and columns of output held in accumulators.
+
+    Columns: the whole row where it fits two vectors (a 7-, 14- or 28-wide feature map is
+    one partly filled vector or two), else the largest multiple of ``lanes`` up to four
+    vectors that divides the row (112 = 7 x 16), else the largest divisor of the row below
+    one vector: 56 on AVX-512 as 7 half vectors ran 144 x 56 x 56 at 0.35 ms, whole
+    3.5-vector rows at 0.36 and 14- or 28-lane pieces at 0.47-0.51 (a tail guard made the
+    16-lane split 0.67). Rows: the largest divisor of ``height`` (no guard) whose tile fits
+    the accumulator budget less the broadcast weight and one input vector: the more rows,
+    the more input vectors neighbouring rows share and the more independent FMA chains.
+    """
+    budget = accumulator_budget(registers) - 2  # the broadcast weight and one input vector
+    if width <= 2 * lanes:
+        tw = width
+    elif width % lanes == 0:
+        tw = next(k * lanes for k in (4, 2, 1) if width % (k * lanes) == 0)
+    else:
+        tw = largest_divisor(width, lanes)
+    vectors = -(-tw // lanes)
+    th = max((d for d in range(1, height + 1) if height % d == 0 and d * vectors <= budget),
+             default=1)
+    return DepthwiseTile(th, tw, lanes)
+
+
+def _deinterleaved_plane(sch: s_tir.Schedule, main, data) -> s_tir.SBlockRV:
+    """The block writing the input plane a stride-2 convolution reads (the legalized zero-pad,
+    which the contraction rule left materialized, else a copy of the input), its columns
+    stored as ``(column % 2, column // 2)``: each window tap then reads even or odd columns
+    as contiguous vectors."""
+    plane = next((b for b in sch.get_producers(main)
+                  if sch.get(b).writes[0].source.same_as(data.source)), None)
+    if plane is None:
+        at = next(i for i, r in enumerate(sch.get(main).reads) if r.source.same_as(data.source))
+        plane = sch.cache_read(main, at, "global")
+    ndim = len(data.source.shape)
+    deinterleave = tirx.IndexMap.from_func(
+        lambda *idx: (*idx[:-1], idx[-1] % 2, idx[-1] // 2), ndim=ndim)
+    sch.transform_layout(plane, ("write", 0), deinterleave, pad_value=0.0)
+    return plane
+
+
+def _vectorize_last(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """Vectorize ``block``'s innermost loop (whole vectors and a tail where it is long)."""
+    loops = sch.get_loops(block)
+    ext = int(sch.get(loops[-1]).extent)
+    if ext > 1:
+        if ext > 4 * lanes and ext % lanes:
+            loops = [*loops[:-1], *sch.split(loops[-1], factors=[None, lanes])]
+        _try(sch.vectorize, loops[-1])
+
+
+def schedule(sch: s_tir.Schedule, name: str, shape: DepthwiseShape, target
+             ) -> s_tir.Schedule | None:
+    """Schedule the depthwise block ``name`` (module docstring). Raises a ScheduleError where
+    TVM rejects a step; the caller runs this on a copy."""
+    main = sch.get_sblock(name)
+    stmt = sch.get(main)
+    extents = {iv.var: int(iv.dom.extent) for iv in stmt.iter_vars}
+    lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
+    tile = choose_depthwise_tile(extents[shape.height], extents[shape.width], lanes,
+                                 vector_registers(target))
+    if shape.cols[1] == 2:
+        _deinterleaved_plane(sch, main, shape.data)  # then scheduled as its own pass
+    loops = split_loops(sch, main, shape.width, shape.height)
+    if loops is None:
+        return None
+    spatial, reduce_loops, width_loop, height_loop = loops
+    if width_loop is None or height_loop is None or len(reduce_loops) != 2 or not spatial:
+        return None
+    ho, hi = sch.split(height_loop, factors=[None, tile.height])
+    wo, wi = sch.split(width_loop, factors=[None, tile.width])
+    sch.reorder(*spatial, ho, wo, *reduce_loops, hi, wi)
+    parallelize(sch, spatial, math.prod(extents.values()), MIN_PARALLEL_FMAS)
+
+    writeback = sch.cache_write(main, 0, "local")
+    for epilogue in sch.get_consumers(writeback):
+        if covers_output(sch.get(epilogue), sch.get(writeback)):
+            _try(sch.reverse_compute_inline, epilogue)  # else a separate, generic pass
+    sch.reverse_compute_at(writeback, wo, preserve_unit_loops=True)
+    for lp in (*reduce_loops, hi):
+        if int(sch.get(lp).extent) > 1:
+            sch.unroll(lp)
+    sch.vectorize(wi)  # before decompose: the update block alone is no reduction
+    init = sch.decompose_reduction(main, reduce_loops[0])
+    for blk in (init, writeback):
+        blk_loops = sch.get_loops(blk)[-2:]
+        if int(sch.get(blk_loops[0]).extent) > 1:
+            sch.unroll(blk_loops[0])
+        _vectorize_last(sch, blk, lanes)
+    schedule_rest(sch, target, {sch.get(b).name_hint for b in (main, init, writeback)})
+    _log.debug("%s: depthwise %d x %d tile", name, tile.height, tile.width)
+    return sch
