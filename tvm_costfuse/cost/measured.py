@@ -48,6 +48,8 @@ def key(features: GroupFeatures) -> str:
     def plain(value):
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
+        if value is None:  # a contraction geometry's absent path
+            return None
         if isinstance(value, (bool, np.bool_)):
             return bool(value)
         return float(value)
