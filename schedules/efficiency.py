@@ -37,11 +37,11 @@ import math
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from . import conv_shape, depthwise, gemm
+from . import columns, conv_shape, depthwise, gemm
 from ._common import is_spatial, root_blocks
 from .conv import choose_conv_tile
 from .prepack import layout_free
-from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _tile_cycles, choose_tile
+from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _tile_cycles, pick_tile
 
 __all__ = ["describe", "fraction_of_peak"]
 
@@ -60,8 +60,8 @@ def _extent(iv) -> int | None:
 
 def describe(func: tirx.PrimFunc) -> tuple | None:
     """The contraction geometry of a single-contraction PrimFunc, JSON-ready:
-    ``(k, gemm, conv, tiled, depthwise)`` where ``gemm`` is ``(m, n, weight_is_param)`` or
-    None, ``conv`` ``(channels, per_group, height, width, taps, stride, dilation)`` or None,
+    ``(k, gemm, conv, tiled, depthwise)`` where ``gemm`` is ``(m, n, weight_is_param,
+    height)`` or None (``height``: the axis that may merge into the columns, ``columns.py``), ``conv`` ``(channels, per_group, height, width, taps, stride, dilation)`` or None,
     ``tiled`` the vectorized extent of the general tiling and ``depthwise`` the stride of a
     depthwise convolution ``depthwise.py`` takes, or None. None where the function has no such block or a
     symbolic extent."""
@@ -93,7 +93,7 @@ def describe(func: tirx.PrimFunc) -> tuple | None:
     if einsum is not None:
         m = extents[einsum.row] if einsum.row is not None else 1
         weight = any(p.same_as(einsum.streamed.source) for p in layout_free(sch))
-        gemm_geom = (m, extents[einsum.col], weight)
+        gemm_geom = (m, extents[einsum.col], weight, columns.mergeable(block, store, einsum))
     shape = conv_shape.analyze(block, *operands)
     conv_geom = None
     if shape is not None:
@@ -105,13 +105,14 @@ def describe(func: tirx.PrimFunc) -> tuple | None:
     return (k, gemm_geom, conv_geom, tiled, dw_stride)
 
 
-def _gemm_share(m: int, n: int, weight: bool, lanes: int, registers: int) -> float | None:
+def _gemm_share(geometry: tuple, lanes: int, registers: int) -> float | None:
+    m, n, weight, *rest = geometry  # recorded before the merged columns: 3 elements
     if n < lanes:
         return None  # the rule keeps the general tiling for rows narrower than a vector
-    tile = choose_tile(m, n, lanes, registers, cols_must_divide=weight)
+    tile, cols = pick_tile(m, n, lanes, registers, weight, rest[0] if rest else None)
     if tile is None:
         return None
-    return (m * n / lanes / 2) / _tile_cycles(tile, m, n)
+    return (m * cols / lanes / 2) / _tile_cycles(tile, m, cols)
 
 
 def _conv_share(channels, per_group, height, width, taps, stride, dilation, lanes,
@@ -138,7 +139,7 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     k, gemm_geom, conv_geom, tiled, *rest = geometry
     dw_stride = rest[0] if rest else None
     reduce = k / (k + K0)
-    share = _gemm_share(*gemm_geom, lanes, registers) if gemm_geom else None
+    share = _gemm_share(gemm_geom, lanes, registers) if gemm_geom else None
     if share is not None:
         return "gemm", E_PATH["gemm"] * share * reduce
     share = _conv_share(*conv_geom, lanes, registers) if conv_geom else None
