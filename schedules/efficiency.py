@@ -12,7 +12,8 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
 - ``ideal``: the output's FMAs at full vector width, 2 per cycle; ``modeled``: the tiles'
   cycles per reduction step as the rule's chooser counts them (FMA issue, loads, latency);
 - ``K / (K + K0)``: per tile, accumulator init, write-back and the epilogue cost about ``K0``
-  reduction steps;
+  reduction steps (28 for the direct convolution and the general tiling, 9 for the GEMM
+  micro-kernel, whose tile stores whole vectors in place);
 - ``E_path``: what the best-shaped kernels of each path reach on top of that (loop and address
   overhead, cache misses the model does not see).
 
@@ -24,7 +25,8 @@ and 5x5 within 1.4x of it).
 
 Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
 docs/benchmarks.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
-``scripts/research/fit_efficiency.py``). What a contraction's block looks like is read once
+``scripts/research/fit_efficiency.py``; the GEMM kernel's ``K0_GEMM`` and ``E_PATH["gemm"]``
+re-fitted with 8 pointwise convolutions of mobilenet_v2 added, ``--gemm-only``). What a contraction's block looks like is read once
 per PrimFunc (:func:`describe`, target-independent, stored on the graph node); the share
 needs the target's lanes and registers (:func:`fraction_of_peak`).
 """
@@ -47,8 +49,12 @@ __all__ = ["describe", "fraction_of_peak"]
 
 # Reduction steps' worth of work per tile outside the reduction loop (fitted; see module doc).
 K0 = 28.0
+# The same for the GEMM micro-kernel, whose tile writes whole vectors of the output in place
+# (with the pixels merged into the columns, ``columns.py``): fitted with the corpus's pointwise
+# convolutions, K = 16-192 (``fit_efficiency.py --gemm-only``).
+K0_GEMM = 9.0
 # Best-case share of each path after tile padding and the K term (fitted).
-E_PATH = {"gemm": 0.78, "conv": 0.80, "tiled": 0.43}
+E_PATH = {"gemm": 0.72, "conv": 0.80, "tiled": 0.43}
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
 E_DEPTHWISE = {1: 0.44, 2: 0.14}
 
@@ -129,6 +135,11 @@ def _conv_share(channels, per_group, height, width, taps, stride, dilation, lane
     return (channels * height * width / lanes / 2) / (tiles * step)
 
 
+def k0_of(path: str) -> float:
+    """The init/write-back term of ``path``'s kernel, in reduction steps."""
+    return K0_GEMM if path == "gemm" else K0
+
+
 @functools.lru_cache(maxsize=4096)  # asked per estimate; the tile search is a few hundred steps
 def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     """(path, share of the FMA peak) of the kernel the CPU contraction rule builds for a block
@@ -141,7 +152,7 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     reduce = k / (k + K0)
     share = _gemm_share(gemm_geom, lanes, registers) if gemm_geom else None
     if share is not None:
-        return "gemm", E_PATH["gemm"] * share * reduce
+        return "gemm", E_PATH["gemm"] * share * k / (k + K0_GEMM)
     share = _conv_share(*conv_geom, lanes, registers) if conv_geom else None
     if share is not None:
         return "conv", E_PATH["conv"] * share * reduce
