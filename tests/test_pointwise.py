@@ -9,6 +9,8 @@ compile; numeric checks run on this host's ISA and on generic x86-64 (SSE2, 4 la
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -137,3 +139,42 @@ def test_cost_model_prices_the_merged_tile():
         path, share = fraction_of_peak(merged, lanes, registers)
         old = fraction_of_peak((16, (96, 112, False), None, 112, None), lanes, registers)[1]
         assert path == "gemm" and old <= share < 1.0
+
+
+def _conv_bn(cin=16, cout=48, hw=16):
+    """conv 1x1 -> inference batch_norm -> ReLU6, as the torch importer leaves it (unfolded)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, cin, hw, hw)).astype("float32")
+    w = (rng.standard_normal((cout, cin, 1, 1)) / np.sqrt(cin)).astype("float32")
+    gamma, beta, mean = (rng.standard_normal(cout).astype("float32") for _ in range(3))
+    var = rng.uniform(0.5, 1.5, cout).astype("float32")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w)))
+            bn = bb.emit(relax.op.nn.batch_norm(
+                y, *(relax.const(a) for a in (gamma, beta, mean, var)), axis=1, training=False))
+            gv = bb.emit_output(relax.op.clip(bb.emit(relax.TupleGetItem(bn, 0)), 0.0, 6.0))
+        bb.emit_func_output(gv)
+    t = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w))
+    t = torch.nn.functional.batch_norm(t, *(torch.from_numpy(a) for a in (mean, var, gamma,
+                                                                          beta)), eps=1e-5)
+    return bb.get(), {"x": x}, torch.nn.functional.relu6(t).numpy()
+
+
+@pytest.mark.parametrize("target", [HOST, GENERIC], ids=["host", "x86-64"])
+def test_batch_norm_epilogue_matches_pytorch(target):
+    mod, inputs, ref = _conv_bn()
+    ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("costfuse", target))
+    np.testing.assert_allclose(run(ex, inputs)[0], ref, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(ref).max()))
+
+
+def test_batch_norm_epilogue_multiplies_by_the_reciprocal():
+    """The per-channel division is one multiply per output vector (vector divisions: none)."""
+    mod, _, _ = _conv_bn()
+    ex = tvm.compile(mod, AVX512, relax_pipeline=strategy_pipeline("costfuse", AVX512))
+    asm = ex.mod.inspect_source("asm") if not ex.mod.imports else \
+        ex.mod.imports[0].inspect_source("asm")
+    assert "vfmadd" in asm and not re.search(r"vdivps\s+%zmm", asm)
