@@ -4,7 +4,9 @@ next to ONNX Runtime and PyTorch eager, interleaved in one process at one thread
 "before" undoes the change in-process: ``columns.mergeable`` answers None (each image row is
 its own padded column tile, as before), the row tiles are never put outermost
 (``gemm._CACHED_STREAM_BYTES = 0``) and the GEMM kernel is priced with the old constants
-(``K0_GEMM = 28``, ``E_PATH["gemm"] = 0.78``). Both builds are checked against each other::
+(``K0_GEMM = 28``, ``E_PATH["gemm"] = 0.78``), and the contraction rule keeps its epilogue's
+divisions (``contraction.reciprocal_divisions`` is the identity). Both builds are checked
+against each other::
 
     TVM_COSTFUSE_CALIBRATION=none python scripts/research/pointwise_e2e.py \
         --models mobilenet_v2 efficientnet_b0 --threads 1 --repeat 3
@@ -23,7 +25,7 @@ import tvm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_corpus
-from tvm_costfuse.schedules import columns, efficiency, gemm
+from tvm_costfuse.schedules import columns, contraction, efficiency, gemm
 
 from tvm_costfuse.measurement.timing import call_sampler, interleave, run, vm_sampler
 from tvm_costfuse.models import corpus
@@ -33,8 +35,9 @@ from tvm_costfuse.targets import host_target
 
 def _build(mod, target, before: bool):
     saved = (columns.mergeable, gemm._CACHED_STREAM_BYTES, efficiency.K0_GEMM,
-             dict(efficiency.E_PATH))
+             dict(efficiency.E_PATH), contraction.reciprocal_divisions)
     if before:
+        contraction.reciprocal_divisions = lambda func: func
         columns.mergeable = lambda *a: None
         gemm._CACHED_STREAM_BYTES = 0
         efficiency.K0_GEMM = 28.0
@@ -46,6 +49,7 @@ def _build(mod, target, before: bool):
     finally:
         columns.mergeable, gemm._CACHED_STREAM_BYTES, efficiency.K0_GEMM = saved[:3]
         efficiency.E_PATH.update(saved[3])
+        contraction.reciprocal_divisions = saved[4]
         efficiency.fraction_of_peak.cache_clear()
 
 
