@@ -26,9 +26,10 @@ and 5x5 within 1.4x of it).
 Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
 docs/benchmarks.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
 ``scripts/research/fit_efficiency.py``; the GEMM kernel's ``K0_GEMM`` and ``E_PATH["gemm"]``
-re-fitted with 8 pointwise convolutions of mobilenet_v2 added, ``--gemm-only``). What a contraction's block looks like is read once
-per PrimFunc (:func:`describe`, target-independent, stored on the graph node); the share
-needs the target's lanes and registers (:func:`fraction_of_peak`).
+re-fitted with 8 pointwise convolutions of mobilenet_v2 added, ``--gemm-only``). What a
+contraction's block looks like is read once per PrimFunc (:func:`describe`,
+target-independent, stored on the graph node); the share needs the target's lanes and
+registers (:func:`fraction_of_peak`).
 """
 
 from __future__ import annotations
@@ -67,10 +68,11 @@ def _extent(iv) -> int | None:
 def describe(func: tirx.PrimFunc) -> tuple | None:
     """The contraction geometry of a single-contraction PrimFunc, JSON-ready:
     ``(k, gemm, conv, tiled, depthwise)`` where ``gemm`` is ``(m, n, weight_is_param,
-    height)`` or None (``height``: the axis that may merge into the columns, ``columns.py``), ``conv`` ``(channels, per_group, height, width, taps, stride, dilation)`` or None,
+    height)`` or None (``height``: the axis that may merge into the columns, ``columns.py``),
+    ``conv`` ``(channels, per_group, height, width, taps, stride, dilation)`` or None,
     ``tiled`` the vectorized extent of the general tiling and ``depthwise`` the stride of a
-    depthwise convolution ``depthwise.py`` takes, or None. None where the function has no such block or a
-    symbolic extent."""
+    depthwise convolution ``depthwise.py`` takes, or None. None where the function has no
+    such block or a symbolic extent."""
     try:
         sch = s_tir.Schedule(func)
         if normalize_prim_func(sch) is None:
