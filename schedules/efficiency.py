@@ -12,7 +12,8 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
 - ``ideal``: the output's FMAs at full vector width, 2 per cycle; ``modeled``: the tiles'
   cycles per reduction step as the rule's chooser counts them (FMA issue, loads, latency);
 - ``K / (K + K0)``: per tile, accumulator init, write-back and the epilogue cost about ``K0``
-  reduction steps;
+  reduction steps (28 for the direct convolution and the general tiling, 9 for the GEMM
+  micro-kernel, whose tile stores whole vectors in place);
 - ``E_path``: what the best-shaped kernels of each path reach on top of that (loop and address
   overhead, cache misses the model does not see).
 
@@ -24,9 +25,11 @@ and 5x5 within 1.4x of it).
 
 Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
 docs/benchmarks.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
-``scripts/research/fit_efficiency.py``). What a contraction's block looks like is read once
-per PrimFunc (:func:`describe`, target-independent, stored on the graph node); the share
-needs the target's lanes and registers (:func:`fraction_of_peak`).
+``scripts/research/fit_efficiency.py``; the GEMM kernel's ``K0_GEMM`` and ``E_PATH["gemm"]``
+re-fitted with 8 pointwise convolutions of mobilenet_v2 added, ``--gemm-only``). What a
+contraction's block looks like is read once per PrimFunc (:func:`describe`,
+target-independent, stored on the graph node); the share needs the target's lanes and
+registers (:func:`fraction_of_peak`).
 """
 
 from __future__ import annotations
@@ -37,18 +40,22 @@ import math
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from . import conv_shape, depthwise, gemm
+from . import columns, conv_shape, depthwise, gemm
 from ._common import is_spatial, root_blocks
 from .conv import choose_conv_tile
 from .prepack import layout_free
-from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _tile_cycles, choose_tile
+from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _tile_cycles, pick_tile
 
 __all__ = ["describe", "fraction_of_peak"]
 
 # Reduction steps' worth of work per tile outside the reduction loop (fitted; see module doc).
 K0 = 28.0
+# The same for the GEMM micro-kernel, whose tile writes whole vectors of the output in place
+# (with the pixels merged into the columns, ``columns.py``): fitted with the corpus's pointwise
+# convolutions, K = 16-192 (``fit_efficiency.py --gemm-only``).
+K0_GEMM = 9.0
 # Best-case share of each path after tile padding and the K term (fitted).
-E_PATH = {"gemm": 0.78, "conv": 0.80, "tiled": 0.43}
+E_PATH = {"gemm": 0.72, "conv": 0.80, "tiled": 0.43}
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
 E_DEPTHWISE = {1: 0.44, 2: 0.14}
 
@@ -60,11 +67,12 @@ def _extent(iv) -> int | None:
 
 def describe(func: tirx.PrimFunc) -> tuple | None:
     """The contraction geometry of a single-contraction PrimFunc, JSON-ready:
-    ``(k, gemm, conv, tiled, depthwise)`` where ``gemm`` is ``(m, n, weight_is_param)`` or
-    None, ``conv`` ``(channels, per_group, height, width, taps, stride, dilation)`` or None,
+    ``(k, gemm, conv, tiled, depthwise)`` where ``gemm`` is ``(m, n, weight_is_param,
+    height)`` or None (``height``: the axis that may merge into the columns, ``columns.py``),
+    ``conv`` ``(channels, per_group, height, width, taps, stride, dilation)`` or None,
     ``tiled`` the vectorized extent of the general tiling and ``depthwise`` the stride of a
-    depthwise convolution ``depthwise.py`` takes, or None. None where the function has no such block or a
-    symbolic extent."""
+    depthwise convolution ``depthwise.py`` takes, or None. None where the function has no
+    such block or a symbolic extent."""
     try:
         sch = s_tir.Schedule(func)
         if normalize_prim_func(sch) is None:
@@ -93,7 +101,7 @@ def describe(func: tirx.PrimFunc) -> tuple | None:
     if einsum is not None:
         m = extents[einsum.row] if einsum.row is not None else 1
         weight = any(p.same_as(einsum.streamed.source) for p in layout_free(sch))
-        gemm_geom = (m, extents[einsum.col], weight)
+        gemm_geom = (m, extents[einsum.col], weight, columns.mergeable(block, store, einsum))
     shape = conv_shape.analyze(block, *operands)
     conv_geom = None
     if shape is not None:
@@ -105,13 +113,14 @@ def describe(func: tirx.PrimFunc) -> tuple | None:
     return (k, gemm_geom, conv_geom, tiled, dw_stride)
 
 
-def _gemm_share(m: int, n: int, weight: bool, lanes: int, registers: int) -> float | None:
+def _gemm_share(geometry: tuple, lanes: int, registers: int) -> float | None:
+    m, n, weight, *rest = geometry  # recorded before the merged columns: 3 elements
     if n < lanes:
         return None  # the rule keeps the general tiling for rows narrower than a vector
-    tile = choose_tile(m, n, lanes, registers, cols_must_divide=weight)
+    tile, cols = pick_tile(m, n, lanes, registers, weight, rest[0] if rest else None)
     if tile is None:
         return None
-    return (m * n / lanes / 2) / _tile_cycles(tile, m, n)
+    return (m * cols / lanes / 2) / _tile_cycles(tile, m, cols)
 
 
 def _conv_share(channels, per_group, height, width, taps, stride, dilation, lanes,
@@ -128,6 +137,11 @@ def _conv_share(channels, per_group, height, width, taps, stride, dilation, lane
     return (channels * height * width / lanes / 2) / (tiles * step)
 
 
+def k0_of(path: str) -> float:
+    """The init/write-back term of ``path``'s kernel, in reduction steps."""
+    return K0_GEMM if path == "gemm" else K0
+
+
 @functools.lru_cache(maxsize=4096)  # asked per estimate; the tile search is a few hundred steps
 def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     """(path, share of the FMA peak) of the kernel the CPU contraction rule builds for a block
@@ -138,9 +152,9 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     k, gemm_geom, conv_geom, tiled, *rest = geometry
     dw_stride = rest[0] if rest else None
     reduce = k / (k + K0)
-    share = _gemm_share(*gemm_geom, lanes, registers) if gemm_geom else None
+    share = _gemm_share(gemm_geom, lanes, registers) if gemm_geom else None
     if share is not None:
-        return "gemm", E_PATH["gemm"] * share * reduce
+        return "gemm", E_PATH["gemm"] * share * k / (k + K0_GEMM)
     share = _conv_share(*conv_geom, lanes, registers) if conv_geom else None
     if share is not None:
         return "conv", E_PATH["conv"] * share * reduce

@@ -66,7 +66,8 @@ def test_matmul_geometry_and_short_reductions_cost_a_share():
         path_short, share_short = fraction_of_peak(short_k, *regs)
         assert path == path_short == "gemm"
         assert 0.5 < share_long < 1.0
-        assert share_short < 0.8 * share_long  # K = 64: init and write-back weigh more
+        # K = 64: init and write-back weigh more (K0_GEMM = 9 reduction steps: 0.88 of K = 768)
+        assert share_short < 0.92 * share_long
 
 
 def test_ragged_columns_cost_their_padding():
@@ -114,7 +115,7 @@ def test_analytical_prices_a_short_reduction_slower_per_flop():
         name = next(n.name for n in graph.nodes if n.geometry is not None)
         f = group_features(graph, [name])
         times.append(analytical.estimate(f, target).breakdown["compute"])
-    assert times[0] > 1.2 * times[1]
+    assert times[0] > 1.1 * times[1]
 
 
 @pytest.mark.parametrize("regs", [AVX512, AVX2])

@@ -7,7 +7,11 @@ read the way the cost model reads it (``graph.build_graph`` on the prepared modu
 fit sees exactly what the planner will. Prints each kernel's predicted and measured share, the
 fitted constants, and how far the single ``_EFF`` constant (0.55) was from the same figures.
 
-    python scripts/research/fit_efficiency.py [--lanes 16 --registers 32]
+``--gemm-only`` fits the GEMM micro-kernel's own ``K0_GEMM`` and ``E_PATH["gemm"]`` with the
+other paths held at the module's constants (the depthwise figures were fitted on ``K0``); it
+adds the corpus's pointwise convolutions (``POINTWISE``, on the merged-column kernel).
+
+    python scripts/research/fit_efficiency.py [--lanes 16 --registers 32] [--gemm-only]
 """
 
 from __future__ import annotations
@@ -45,6 +49,31 @@ MEASURED = {
     "w2v_conv1d_k2s2_512x99": 0.78, "w2v_posconv_k128g16_768x49": 0.63,
 }
 
+# tvm/peak of mobilenet_v2's 1x1 convolutions that take the GEMM kernel with merged columns,
+# (in channels, out channels, height = width): docs/benchmarks.md "Pointwise convolutions"
+# (bench_kernels.py --peak, 1 thread, 19:44 UTC, load average 1.9-2.2).
+POINTWISE = {(32, 16, 112): 0.48, (16, 96, 112): 0.46, (96, 24, 56): 0.68, (24, 144, 56): 0.56,
+             (144, 24, 56): 0.53, (144, 32, 28): 0.62, (32, 192, 28): 0.56,
+             (192, 32, 28): 0.63}
+
+
+def _geometry(mod, name) -> tuple:
+    graph = build_graph(prepare(mod, {"kind": "llvm"}))
+    geoms = [n.geometry for n in graph.nodes if n.geometry is not None]
+    if len(geoms) != 1:
+        raise SystemExit(f"{name}: {len(geoms)} contraction geometries, expected 1")
+    return geoms[0]
+
+
+def pointwise() -> tuple[dict[str, tuple], dict[str, float]]:
+    rng = np.random.default_rng(0)
+    geoms, measured = {}, {}
+    for (cin, cout, hw), share in POINTWISE.items():
+        name = f"pointwise_{cin}x{hw}x{hw}_to{cout}"
+        case = Conv(name, (1, cin, hw, hw), (cout, cin, 1, 1), 1, (0, 0), 1)
+        geoms[name], measured[name] = _geometry(conv_module(case, rng)[0], name), share
+    return geoms, measured
+
 
 def geometries() -> dict[str, tuple]:
     rng = np.random.default_rng(0)
@@ -53,19 +82,17 @@ def geometries() -> dict[str, tuple]:
         if case.name not in MEASURED:
             continue
         mod = (conv_module if isinstance(case, Conv) else relax_module)(case, rng)[0]
-        graph = build_graph(prepare(mod, {"kind": "llvm"}))
-        geoms = [n.geometry for n in graph.nodes if n.geometry is not None]
-        if len(geoms) != 1:
-            raise SystemExit(f"{case.name}: {len(geoms)} contraction geometries, expected 1")
-        out[case.name] = geoms[0]
+        out[case.name] = _geometry(mod, case.name)
     return out
 
 
-def predict(geom, lanes, registers, k0, e_path) -> tuple[str, float]:
+def predict(geom, lanes, registers, k0, e_path, k0_gemm=None) -> tuple[str, float]:
     path, share = efficiency.fraction_of_peak.__wrapped__(geom, lanes, registers)
     # undo the module's constants, apply the trial ones
     k = geom[0]
-    raw = share / efficiency.E_PATH[path] / (k / (k + efficiency.K0))
+    raw = share / efficiency.E_PATH[path] / (k / (k + efficiency.k0_of(path)))
+    if path == "gemm" and k0_gemm is not None:
+        k0 = k0_gemm
     return path, e_path[path] * raw * k / (k + k0)
 
 
@@ -73,32 +100,46 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lanes", type=int, default=16)
     ap.add_argument("--registers", type=int, default=32)
+    ap.add_argument("--gemm-only", action="store_true", help="fit K0_GEMM, E_PATH['gemm']")
     args = ap.parse_args()
-    geoms = geometries()
+    geoms, measured = geometries(), dict(MEASURED)
+    if args.gemm_only:
+        extra, extra_measured = pointwise()
+        geoms.update(extra)
+        measured.update(extra_measured)
     names = list(geoms)
     paths = sorted({efficiency.fraction_of_peak(geoms[n], args.lanes, args.registers)[0]
                     for n in names})
 
-    def loss(x):
-        k0, e = x[0], dict(zip(paths, x[1:], strict=True))
-        return sum(math.log(predict(geoms[n], args.lanes, args.registers, k0, e)[1]
-                            / MEASURED[n]) ** 2 for n in names)
+    def unpack(x):
+        if args.gemm_only:
+            return efficiency.K0, {**efficiency.E_PATH, "gemm": x[1]}, x[0]
+        return x[0], dict(zip(paths, x[1:], strict=True)), None
 
-    start = [efficiency.K0] + [efficiency.E_PATH[p] for p in paths]
+    def loss(x):
+        k0, e, k0_gemm = unpack(x)
+        return sum(math.log(predict(geoms[n], args.lanes, args.registers, k0, e, k0_gemm)[1]
+                            / measured[n]) ** 2 for n in names
+                   if not args.gemm_only or efficiency.fraction_of_peak(
+                       geoms[n], args.lanes, args.registers)[0] == "gemm")
+
+    start = ([efficiency.K0_GEMM, efficiency.E_PATH["gemm"]] if args.gemm_only
+             else [efficiency.K0] + [efficiency.E_PATH[p] for p in paths])
     fit = minimize(loss, start, method="Nelder-Mead", options={"xatol": 1e-3, "maxiter": 4000})
-    k0, e = fit.x[0], dict(zip(paths, fit.x[1:], strict=True))
+    k0, e, k0_gemm = unpack(fit.x)
     print(f"{'kernel':32s} {'path':5s} {'K':>6s} {'measured':>8s} {'module':>7s} "
           f"{'fitted':>7s} {'const':>6s}")
     errs = {"module": [], "fitted": [], "const": []}
     for n in names:
         path, mod_share = efficiency.fraction_of_peak(geoms[n], args.lanes, args.registers)
-        fitted = predict(geoms[n], args.lanes, args.registers, k0, e)[1]
-        print(f"{n:32s} {path:5s} {geoms[n][0]:6d} {MEASURED[n]:8.2f} {mod_share:7.2f} "
+        fitted = predict(geoms[n], args.lanes, args.registers, k0, e, k0_gemm)[1]
+        print(f"{n:32s} {path:5s} {geoms[n][0]:6d} {measured[n]:8.2f} {mod_share:7.2f} "
               f"{fitted:7.2f} {0.55:6.2f}")
         for key, v in (("module", mod_share), ("fitted", fitted), ("const", 0.55)):
-            errs[key].append(abs(math.log(v / MEASURED[n])))
-    print(f"fitted: K0 = {k0:.1f}, " + ", ".join(f"E_PATH[{p!r}] = {v:.2f}"
-                                                 for p, v in e.items()))
+            errs[key].append(abs(math.log(v / measured[n])))
+    gemm_k0 = f", K0_GEMM = {k0_gemm:.1f}" if k0_gemm is not None else ""
+    print(f"fitted: K0 = {k0:.1f}{gemm_k0}, " + ", ".join(f"E_PATH[{p!r}] = {v:.2f}"
+                                                           for p, v in e.items()))
     for key, v in errs.items():
         ratios = np.exp(v)
         print(f"{key:7s}: median |pred/meas| {np.median(ratios):.2f}x, "
