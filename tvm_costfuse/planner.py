@@ -29,11 +29,15 @@ from .schedules.classes import ScheduleClass as SC
 # Siblings are paired only among the first few readers of a tensor: k readers give k^2 pairs.
 _MAX_SIBLINGS = 8
 # Free groups (views) a vertical merge may step through at once (``push_through_views``), and
-# the schedule classes such a merge may form: attention, which no smaller step reaches (the
-# imported batch matmuls sit behind reshape views). Walking views into any class changed the
-# CUDA plan of an LSTM into kernels of three recurrent steps (unmeasured; not taken).
+# the schedule classes such a merge may form, per target kind: attention, which no smaller
+# step reaches (the imported batch matmuls sit behind reshape views), and on CPU a contraction
+# whose epilogue sits behind a unit reshape (every Linear of a 3-D input as the PyTorch
+# importer emits it: matmul, bias, reshape, GELU; measured in docs/benchmarks.md, "epilogues
+# through views"). Walking views into any class changed the CUDA plan of an LSTM into kernels
+# of three recurrent steps, and into contractions bert's and gpt2's CUDA head-split groups
+# (both unmeasured: no GPU here; not taken).
 _MAX_VIEWS = 4
-_THROUGH_VIEWS = (SC.ATTENTION,)
+_THROUGH_VIEWS = {"cpu": (SC.ATTENTION, SC.CONTRACTION), "cuda": (SC.ATTENTION,)}
 
 Model = Callable[..., Estimate]
 # A GroupFeatures' fields as one tuple, hashed and compared in C (the dataclass's own
@@ -228,7 +232,8 @@ def plan_greedy(
         gain = (sum(price.estimate(q.members[g]).seconds for g in parts)
                 - price.estimate(union).seconds)
         kind = price.features[union].schedule_on(target.kind)
-        if gain > 0 and kind in _THROUGH_VIEWS:
+        walks = _THROUGH_VIEWS["cuda" if target.kind == "cuda" else "cpu"]
+        if gain > 0 and kind in walks:
             via = tuple((g, q.members[g]) for g in parts[1:])
             heapq.heappush(heap, (-gain, order, next(counter), "vertical", first, last,
                                   q.members[first], q.members[last], via))

@@ -21,6 +21,23 @@ def _is_move(node, cls: str) -> bool:
     return cls == "injective" and node.kind == "call_tir" and not node.flops
 
 
+def _unit_reshape(graph: OpGraph, node) -> bool:
+    """A reshape that only adds or drops unit dimensions (``(128, 3072) -> (1, 128, 3072)``,
+    as the PyTorch importer wraps every Linear of a 3-D input): inlined, its indices are the
+    producer's with a constant 0, so a kernel's epilogue or prologue through it is the same
+    loop nest as without it. Other reshapes split or merge axes (div/mod indices)."""
+    if not node.reshape_like or len(node.outputs) != 1 or len(node.inputs) != 1:
+        return False
+    source = node.inputs[0]
+    if source.startswith("%") or len(graph[source].outputs) != 1:
+        return False
+
+    def squeezed(shape) -> tuple:
+        return tuple(d for d in shape if d != 1)
+
+    return squeezed(graph[source].outputs[0].shape) == squeezed(node.outputs[0].shape)
+
+
 class _NodeFacts:
     """What ``group_features`` reads of one node, computed once per graph: the planner asks
     about tens of thousands of groups of one graph, most of a few ops, so per call only the
@@ -65,7 +82,7 @@ class _NodeFacts:
         self.consumers = graph.consumers.get(node.name, ())
         self.n_consumers = len(self.consumers)
         self.escapes_block = node.name in graph.block_outputs
-        self.is_move = _is_move(node, cls)
+        self.is_move = _is_move(node, cls) and not _unit_reshape(graph, node)
         self.move_reorders = self.is_move and not node.reshape_like
         self.elems = _elems(node)
         self.window = self.reduction and _is_window(node)
