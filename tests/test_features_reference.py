@@ -50,8 +50,16 @@ def reference_features(graph, members) -> GroupFeatures:
                    if cls.get(r) == "contraction")
         recompute += graph[p].flops * max(0.0, uses - 1)
 
+    def unit_reshape(n):  # only unit dims added or dropped: no data movement
+        if not n.reshape_like or len(n.inputs) != 1 or n.inputs[0].startswith("%"):
+            return False
+        src = graph[n.inputs[0]]
+        return len(src.outputs) == 1 and len(n.outputs) == 1 and (
+            [d for d in src.outputs[0].shape if d != 1] == [d for d in n.outputs[0].shape if d != 1])
+
     def is_move(n):
-        return cls[n.name] == "injective" and n.kind == "call_tir" and not n.flops
+        return (cls[n.name] == "injective" and n.kind == "call_tir" and not n.flops
+                and not unit_reshape(n))
 
     shared: dict[str, int] = {}
     for n in nodes:

@@ -120,6 +120,17 @@ def last_level_cache(target) -> tuple[int, float]:
     return size, bw or target.dram_bw * _LLC_OVER_DRAM
 
 
+def private_cache(target) -> tuple[int, float | None]:
+    """(bytes, bytes/s) of the CPU cores' L2 together, where calibration measured its
+    bandwidth (None otherwise, and on GPUs, whose L2 is the last-level cache). A VM can report
+    a last-level cache far larger than its share (480 MiB on a 2-vCPU rocketlake host, whose
+    "L3" stream ran at DRAM speed, 13 against 83 GB/s in L2): every intermediate was priced
+    at DRAM speed there, small kernels 2-3x too slow (docs/benchmarks.md)."""
+    if target.kind == "cuda" or not target.l2_bw or not target.l3_bytes:
+        return 0, None
+    return target.l2_bytes * max(1, target.cores), target.l2_bw
+
+
 def _full_parallelism(dtype_bytes: int, target) -> int:
     """Output elements that keep the whole machine busy."""
     if target.kind == "cuda":
@@ -174,10 +185,14 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     if register_budget is not None and target.kind == "cuda":
         over = max(over, regs - register_budget)
     llc_bytes, llc_bw = last_level_cache(target)
+    l2_bytes, l2_bw = private_cache(target)
 
     def seconds_to_move(size: int) -> float:
-        # A tensor that fits in half the last-level cache is served from it (its producer
-        # ran just before); a bigger one streams from DRAM.
+        # A tensor that fits in half the cores' L2 (measured bandwidth only) or half the
+        # last-level cache is served from there (its producer ran just before); a bigger one
+        # streams from DRAM.
+        if l2_bw and size <= l2_bytes // 2:
+            return size / l2_bw
         return size / (llc_bw if size <= llc_bytes // 2 else target.dram_bw)
 
     sizes = f.boundary_sizes or (f.bytes_in, f.bytes_out)
