@@ -4,6 +4,7 @@ second run measures nothing, and build failures become failed records."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import tvm
@@ -21,6 +22,7 @@ from tvm_costfuse.tuning.feedback import (
     candidate_groups,
     measure_model,
 )
+from tvm_costfuse.tuning.runners import check_rpc_tracker
 
 GROUPS = [("matmul",), ("add",), ("matmul", "add")]
 FAST = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=120)
@@ -166,6 +168,15 @@ def test_rpc_tracker_runner_measures_on_a_localhost_server(tmp_path):
     server = rpc.Server(host="127.0.0.1", port=9400, port_end=9500, key="costfuse-test",
                         tracker_addr=("127.0.0.1", tracker.port), silent=True)
     try:
+        # The server registers with the tracker in the background: wait for it (a loaded
+        # host, the whole suite on every core, took longer than the first check).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                check_rpc_tracker(f"127.0.0.1:{tracker.port}:costfuse-test")
+                break
+            except ValueError:
+                time.sleep(0.2)
         mod, _ = prepared("rmsnorm")
         config = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=120,
                                rpc_tracker=f"127.0.0.1:{tracker.port}:costfuse-test")
