@@ -5,7 +5,7 @@ runs inside the fused kernel differently). For each group CostFuse forms that Fu
 this builds the CostFuse plan with that one group split back into FuseOps' groups, and times
 all variants side by side (interleaved medians) against FuseOps and the full CostFuse plan.
 
-    python scripts/research/ablate_groups.py bert_layer [--repeat 7]
+    python scripts/research/ablate_groups.py bert_layer [--repeat 7]   (zoo or corpus names)
 
 ``-i`` rows are the CostFuse plan without its i-th own group: a ``-i`` faster than ``costfuse``
 means that group costs time in the model.
@@ -28,7 +28,7 @@ from tvm_costfuse.transform import plan_module
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=models.zoo.names())
+    ap.add_argument("model", choices=models.names())
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     target = host_target()
