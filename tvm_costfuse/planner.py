@@ -32,10 +32,10 @@ _MAX_SIBLINGS = 8
 # the schedule classes such a merge may form, per target kind: attention, which no smaller
 # step reaches (the imported batch matmuls sit behind reshape views), and on CPU a contraction
 # whose epilogue sits behind a unit reshape (every Linear of a 3-D input as the PyTorch
-# importer emits it: matmul, bias, reshape, GELU; measured in docs/benchmarks.md, "epilogues
-# through views"). Walking views into any class changed the CUDA plan of an LSTM into kernels
-# of three recurrent steps, and into contractions bert's and gpt2's CUDA head-split groups
-# (both unmeasured: no GPU here; not taken).
+# importer emits it: matmul, bias, reshape, GELU; measured in docs/benchmarks.md, "Epilogues
+# through unit reshapes"). Walking views into any class changed the CUDA plan of an LSTM into
+# kernels of three recurrent steps, and into contractions bert's and gpt2's CUDA head-split
+# groups (both unmeasured: no GPU here; not taken).
 _MAX_VIEWS = 4
 _THROUGH_VIEWS = {"cpu": (SC.ATTENTION, SC.CONTRACTION), "cuda": (SC.ATTENTION,)}
 
