@@ -54,8 +54,10 @@ def reference_features(graph, members) -> GroupFeatures:
         if not n.reshape_like or len(n.inputs) != 1 or n.inputs[0].startswith("%"):
             return False
         src = graph[n.inputs[0]]
-        return len(src.outputs) == 1 and len(n.outputs) == 1 and (
-            [d for d in src.outputs[0].shape if d != 1] == [d for d in n.outputs[0].shape if d != 1])
+        if len(src.outputs) != 1 or len(n.outputs) != 1:
+            return False
+        return ([d for d in src.outputs[0].shape if d != 1]
+                == [d for d in n.outputs[0].shape if d != 1])
 
     def is_move(n):
         return (cls[n.name] == "injective" and n.kind == "call_tir" and not n.flops
