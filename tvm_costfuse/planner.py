@@ -156,18 +156,7 @@ def _candidates(graph: OpGraph, q: Quotient, g: int) -> Iterable[tuple[str, int,
 def _other_path(q: Quotient, a: int, d: int, chain: set[int]) -> bool:
     """Whether ``a`` reaches ``d`` other than through ``chain`` (single-input, single-output
     groups between them): merging them all would then close a cycle."""
-    rd = q.rank[d]
-    stack = [s for s in q.succ[a] if s not in chain and s != d and q.rank[s] < rd]
-    seen = set(stack)
-    while stack:
-        g = stack.pop()
-        if d in q.succ[g]:
-            return True
-        for s in q.succ[g]:
-            if s not in seen and q.rank[s] < rd:
-                seen.add(s)
-                stack.append(s)
-    return False
+    return q.path_avoiding_direct(a, d, avoid=chain) is not None
 
 
 def _key(q: Quotient, g: int) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ which is the quotient staying acyclic; the planner asks ``blocker`` before each 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Collection
 
 from .graph import OpGraph
 
@@ -66,11 +67,12 @@ class Quotient:
                     stack.append(s)
         return seen
 
-    def path_avoiding_direct(self, a: int, b: int) -> int | None:
+    def path_avoiding_direct(self, a: int, b: int, avoid: Collection[int] = ()) -> int | None:
         """A group on a path a -> ... -> b of two or more hops (merging a, b would make a
-        cycle through it), or None. Only groups ranked before b can lie on such a path."""
+        cycle through it) that leaves ``a`` other than into ``avoid``, or None. Only groups
+        ranked before b can lie on such a path."""
         rb = self.rank[b]
-        stack = [s for s in self.succ[a] if s != b and self.rank[s] < rb]
+        stack = [s for s in self.succ[a] if s != b and s not in avoid and self.rank[s] < rb]
         seen = set(stack)
         while stack:
             g = stack.pop()
