@@ -194,8 +194,8 @@ def fast_sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
 def _exp_of_log_erfc(t: tirx.PrimExpr) -> tirx.PrimExpr:
     """exp(t) for erf's far branch, where ``t = log(erfc(a))`` lies in [-17.4, -1.7] for the
     ``a`` it keeps: :func:`fast_exp` without the clamps and the NaN test (the result is normal,
-    2^n one factor; lanes outside that range are discarded by erf's selects), 9 of its ~30
-    operations per vector that GELU's erf paid for every element."""
+    2^n one factor; lanes outside that range are discarded by erf's selects), operations
+    GELU's erf paid for every element."""
     return _let(tirx.floor(t * _f(_LOG2E) + _f(0.5)), lambda n: _let(
         t - n * _f(_LN2_HI) - n * _f(_LN2_LO), lambda r: (
             _horner(r, _EXP_P) * r * r + r + _f(1.0)) * _pow2(tirx.Cast("int32", n)), "r"), "n")
