@@ -146,6 +146,27 @@ def _injective_tile(extent: int, lanes: int) -> int | None:
     return None
 
 
+def _broadcast_loops(sch: s_tir.Schedule, block: SBlockRV, loops: list[LoopRV]) -> list[LoopRV]:
+    """The loops of a spatial ``block`` whose iterations store the same value: no load or
+    condition of the stored expression depends on them (a ``broadcast_to``, or the head axis
+    of a grouped-query key repeat). Innermost above the vector loop, LLVM hoists the value out
+    of them and each repeat is one store; outermost, the whole expression (gathers of a
+    transposed read included) is evaluated once per repeat."""
+    stmt = sch.get(block)
+    if not isinstance(stmt.body, tirx.BufferStore):
+        return []
+    used = set()
+    tvm_ffi.structural_walk(stmt.body.value, (tirx.Var, lambda v: used.add(v)), order="post")
+    values = get_sblockrealize(sch, block).iter_values
+    var_of = {val: iv.var for iv, val in zip(stmt.iter_vars, values) if isinstance(val, tirx.Var)}
+    out = []
+    for loop in loops:
+        var = var_of.get(sch.get(loop).loop_var)
+        if var is not None and var not in used and (int_extent(sch, loop) or 0) > 1:
+            out.append(loop)
+    return out
+
+
 def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) -> None:
     """Generic CPU schedule for one block at the root: parallel outer S loops, vector inner.
 
@@ -165,6 +186,14 @@ def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) ->
     extents = [int_extent(sch, lp) for lp in loops]
     if all(k == "S" for k in kinds):
         inner, ext, outer = loops[-1], extents[-1], list(loops[:-1])
+        repeats = _broadcast_loops(sch, block, outer)
+        kept = [lp for lp in outer if lp not in repeats]
+        rows = _product([int_extent(sch, lp) for lp in kept])
+        moved = bool(repeats) and rows is not None and rows >= (
+            PARALLEL_CHUNKS_PER_CORE * num_cores(target))
+        if moved:
+            sch.reorder(*kept, *repeats, inner)
+            outer = kept  # the repeats stay serial, inside the parallel loop
         if ext is not None and ext > 1:
             rows = _product(extents[:-1])
             few_rows = rows is not None and rows < PARALLEL_CHUNKS_PER_CORE * num_cores(target)
@@ -179,6 +208,12 @@ def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) ->
                     if few_rows:
                         outer.append(lo)  # too few rows to keep every core busy
                 sch.vectorize(inner)
+        if moved:  # below the vector loop's outer part too: the value varies only there
+            cur = sch.get_loops(block)
+            split_outer = [lp for lp in cur[len(kept):-1]
+                           if not any(sch.get(lp).same_as(sch.get(r)) for r in repeats)]
+            if split_outer:
+                sch.reorder(*split_outer, *repeats, cur[-1])
         total = _product(extents)
         parallelize(sch, outer, total if total is not None else MIN_PARALLEL_ITERS)
         return

@@ -134,6 +134,20 @@ def softmax(x: T.Buffer((256, 128), "float32"), y: T.Buffer((256, 128), "float32
             y[vi, vj] = e[vi, vj] / s[vi]
 
 
+@T.prim_func(private=True, s_tir=True)
+def transpose_broadcast(a: T.Buffer((128, 64), "float32"), b: T.Buffer((128, 64), "float32"),
+                        out: T.Buffer((12, 64, 128), "float32")):
+    t = T.sblock_alloc_buffer((64, 128))
+    for i, j in T.grid(64, 128):
+        with T.sblock("t"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            t[vi, vj] = a[vj, vi] * b[vj, vi] + T.float32(1)
+    for h, i, j in T.grid(12, 64, 128):
+        with T.sblock("repeat"):
+            vh, vi, vj = T.axis.remap("SSS", [h, i, j])
+            out[vh, vi, vj] = t[vi, vj]
+
+
 # ----------------------------------------------------------------------------- structure
 
 
@@ -153,6 +167,17 @@ def test_fallback_inlines_producer_and_parallelizes_vectorizes():
     assert {tirx.ForKind.PARALLEL, tirx.ForKind.VECTORIZED} <= _kinds(func)
     vec = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
     assert len(vec) == 1 and int(vec[0].extent) % 16 == 0  # AVX512 (explicit target): 16 float32 lanes
+
+
+def test_fallback_puts_a_broadcast_axis_right_above_the_vector_loop():
+    """A head repeat of a transposed key (grouped-query attention's ``broadcast_to``): the
+    repeated axis runs inside every loop the value depends on, so the value (gathers of the
+    transposed read) is computed once and stored 12 times, not computed 12 times."""
+    func = _scheduled(Fallback(), transpose_broadcast)
+    loops = _loops(func)
+    assert loops[0].kind == tirx.ForKind.PARALLEL and int(loops[0].extent) == 64
+    assert loops[-1].kind == tirx.ForKind.VECTORIZED
+    assert int(loops[-2].extent) == 12 and loops[-2].kind == tirx.ForKind.SERIAL
 
 
 def test_contraction_register_blocks_and_inlines_epilogue():
@@ -328,6 +353,11 @@ CASES = {
             (7, 24),
         ),
         {"x": (4, 6, 7)},
+    ),
+    "transpose_broadcast_heads": (
+        lambda bb, x: OP.broadcast_to(
+            OP.permute_dims(OP.add(OP.multiply(x, x), x), [0, 2, 1]), (1, 12, 64, 128)),
+        {"x": (1, 128, 64)},
     ),
     "elementwise_chain": (
         lambda bb, x: OP.multiply(OP.nn.silu(OP.tanh(OP.add(x, x))), OP.exp(x)),
