@@ -62,7 +62,7 @@ class Fallback(SafeRule):
 
     def _apply(self, sch, target):
         sch = s_tir.Schedule(simplify_indices(sch.mod["main"]))
-        inline_spatial(sch)
+        inline_spatial(sch, materialize_transposed=True)
         return self._schedule_blocks(sch, target)
 
     @staticmethod

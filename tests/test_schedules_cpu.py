@@ -148,6 +148,20 @@ def transpose_broadcast(a: T.Buffer((128, 64), "float32"), b: T.Buffer((128, 64)
             out[vh, vi, vj] = t[vi, vj]
 
 
+@T.prim_func(private=True, s_tir=True)
+def rotate_then_transpose(x: T.Buffer((4, 128, 64), "float32"), c: T.Buffer((128, 64), "float32"),
+                          out: T.Buffer((4, 64, 128), "float32")):
+    r = T.sblock_alloc_buffer((4, 128, 64))
+    for h, s, d in T.grid(4, 128, 64):
+        with T.sblock("rotate"):
+            vh, vs, vd = T.axis.remap("SSS", [h, s, d])
+            r[vh, vs, vd] = x[vh, vs, vd] * c[vs, vd]
+    for h, d, s in T.grid(4, 64, 128):
+        with T.sblock("transpose"):
+            vh, vd, vs = T.axis.remap("SSS", [h, d, s])
+            out[vh, vd, vs] = r[vh, vs, vd]
+
+
 # ----------------------------------------------------------------------------- structure
 
 
@@ -178,6 +192,14 @@ def test_fallback_puts_a_broadcast_axis_right_above_the_vector_loop():
     assert loops[0].kind == tirx.ForKind.PARALLEL and int(loops[0].extent) == 64
     assert loops[-1].kind == tirx.ForKind.VECTORIZED
     assert int(loops[-2].extent) == 12 and loops[-2].kind == tirx.ForKind.SERIAL
+
+
+def test_fallback_keeps_a_two_input_producer_out_of_a_transpose():
+    """Inlined into the transpose, both loads of the producer would be gathers; kept, the
+    producer is a contiguous vector nest and the transpose gathers once per element."""
+    func = _scheduled(Fallback(), rotate_then_transpose)
+    assert {"rotate", "transpose"} <= _block_names(func)
+    assert sum(lp.kind == tirx.ForKind.VECTORIZED for lp in _loops(func)) == 2
 
 
 def test_contraction_register_blocks_and_inlines_epilogue():
@@ -358,6 +380,11 @@ CASES = {
         lambda bb, x: OP.broadcast_to(
             OP.permute_dims(OP.add(OP.multiply(x, x), x), [0, 2, 1]), (1, 12, 64, 128)),
         {"x": (1, 128, 64)},
+    ),
+    "rotary_transpose": (
+        lambda bb, x: OP.permute_dims(
+            OP.add(OP.multiply(x, OP.cos(x)), OP.multiply(OP.flip(x, axis=2), x)), [0, 2, 1]),
+        {"x": (3, 40, 32)},
     ),
     "elementwise_chain": (
         lambda bb, x: OP.multiply(OP.nn.silu(OP.tanh(OP.add(x, x))), OP.exp(x)),
