@@ -114,13 +114,33 @@ def count_loads(node, buffer) -> int:
     return count
 
 
+def selects_loads(node) -> bool:
+    """Whether ``node`` picks between loads with ``if_then_else`` (a concat): vectorized, a
+    lane-varying condition makes every branch's load and a blend per vector."""
+    found = False
+
+    def _visit(call):
+        nonlocal found
+        op = getattr(call, "op", None)
+        if op is not None and short_name(getattr(op, "name", "")) == "if_then_else":
+            loads = []
+            for arg in call.args[1:]:
+                tvm_ffi.structural_walk(arg, (tvm.ir.expr.TensorLoad, loads.append))
+            found = found or bool(loads)
+
+    tvm_ffi.structural_walk(node, (tvm.ir.expr.Call, _visit), order="post")
+    return found
+
+
 def _inline_recomputes(producer, consumers) -> bool:
-    """Inlining would evaluate the producer's transcendental calls more than once per element.
+    """Inlining would evaluate the producer's transcendental calls, or its selection between
+    loads (:func:`selects_loads`), more than once per element.
 
     Then the intermediate is cheaper in memory (or, under a row loop, in cache) than recomputed:
-    ``x * x`` of a tanh/exp chain, or softmax's exp read by both the sum and the division.
+    ``x * x`` of a tanh/exp chain, softmax's exp read by both the sum and the division, or the
+    concat a layer norm reads in each of its three passes (swin's patch merging).
     """
-    if not has_costly_call(producer.body):
+    if not (has_costly_call(producer.body) or selects_loads(producer.body)):
         return False
     out = producer.writes[0].source
     return sum(count_loads(c.body, out) for c in consumers) > 1

@@ -15,6 +15,7 @@ from ._common import (
     is_spatial,
     map_block_bodies,
     root_blocks,
+    selects_loads,
     simplify_indices,
     vector_lanes,
     vector_tile,
@@ -240,6 +241,13 @@ class RowReduction(SafeRule):
             if ext is None or ext < 2:
                 continue
             lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
+            if selects_loads(stmt.body) and ext % lanes == 0:
+                # A concat per row: whole vectors, their loop partitioned at the parts'
+                # bounds, so each part's vectors load it directly (no select of every part).
+                outer, inner = sch.split(blk_loops[-1], [None, lanes])
+                sch.annotate(outer, PARTITION_HINT, 1)
+                sch.vectorize(inner)
+                continue
             if ext % lanes and ext > 2 * lanes:
                 vectorize_with_tail(sch, blk_loops[-1], lanes)
                 continue

@@ -162,6 +162,27 @@ def rotate_then_transpose(x: T.Buffer((4, 128, 64), "float32"), c: T.Buffer((128
             out[vh, vd, vs] = r[vh, vs, vd]
 
 
+@T.prim_func(private=True, s_tir=True)
+def concat_norm(a: T.Buffer((64, 96), "float32"), b: T.Buffer((64, 96), "float32"),
+                out: T.Buffer((64, 192), "float32")):
+    cat = T.sblock_alloc_buffer((64, 192))
+    total = T.sblock_alloc_buffer((64,))
+    for i, j in T.grid(64, 192):
+        with T.sblock("concat"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            cat[vi, vj] = T.if_then_else(vj >= 96, b[vi, vj - 96], a[vi, vj])
+    for i, k in T.grid(64, 192):
+        with T.sblock("sum"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                total[vi] = T.float32(0)
+            total[vi] = total[vi] + cat[vi, vk]
+    for i, j in T.grid(64, 192):
+        with T.sblock("norm"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = cat[vi, vj] - total[vi] * T.float32(1.0 / 192)
+
+
 # ----------------------------------------------------------------------------- structure
 
 
@@ -200,6 +221,27 @@ def test_fallback_keeps_a_two_input_producer_out_of_a_transpose():
     func = _scheduled(Fallback(), rotate_then_transpose)
     assert {"rotate", "transpose"} <= _block_names(func)
     assert sum(lp.kind == tirx.ForKind.VECTORIZED for lp in _loops(func)) == 2
+
+
+def test_row_reduction_computes_a_concat_once_per_row_in_partitioned_vectors():
+    """A concat read by two passes is computed once per row, not selected in each (swin's
+    patch merging feeding its layer norm), and its vector loop is partitioned at the parts'
+    bound; the numbers are the definition's."""
+    from tvm_costfuse.schedules._loops import PARTITION_HINT
+
+    func = _scheduled(RowReduction(), concat_norm)
+    assert "concat" in _block_names(func)
+    hinted = [lp for lp in _loops(func) if PARTITION_HINT in (lp.annotations or {})]
+    assert hinted and int(hinted[0].extent) == 192 // 16
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((64, 96)).astype("float32") for _ in range(2))
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                      target=TARGET)
+    out = tvm.runtime.tensor(np.zeros((64, 192), "float32"))
+    lib(tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    cat = np.concatenate([a, b], axis=1)
+    np.testing.assert_allclose(out.numpy(), cat - cat.mean(axis=1, keepdims=True),
+                               rtol=RTOL, atol=ATOL)
 
 
 def test_contraction_register_blocks_and_inlines_epilogue():
