@@ -12,7 +12,9 @@ vision_transformer, seq2seq, speech, elementwise; ``--by architecture`` holds ou
 a time), train the learned model on the rest (``--seeds`` times) and score every model on the
 held-out family's measured groups (``cost.evaluation``):
 - decision accuracy on candidate pairs (left, right, left+right all measured), next to the
-  better trivial baseline (always fuse / never fuse); coverage and accuracy on the decided
+  better trivial baseline (always fuse / never fuse), and on the *clear* pairs (measured gain
+  larger than the spread of their repeated runs: ``evaluation.Pair.clear``); coverage and
+  accuracy on the decided
   pairs when the model may abstain (the learned model where it falls back, the analytical one
   below a predicted gain of ``--margin``);
 - Kendall tau and the predicted / measured time ratio (p10, median, p90) over the groups;
@@ -113,11 +115,12 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
     head = (f"{title:<20}{'groups':>7}{'pairs':>6}{'fuse%':>7}{'best triv':>10}"
             f"{'analyt':>8}{'cov@m':>7}{'dec acc':>8}{'xgb mean+-std':>15}{'xgb cov':>8}"
             f"{'xgb dec':>8}{'meas':>7}{'tau a':>7}{'tau x':>7}{'a/meas p10 p50 p90':>20}"
-            f"{'x/meas p50':>11}")
+            f"{'x/meas p50':>11}{'clear%':>7}{'a clear':>8}{'x clear':>8}")
     print(head)
     print("-" * len(head))
     pooled: dict[str, list] = {"n": [], "fuse": [], "a": [], "a_cov": [], "a_dec": [],
-                               "x": [], "x_cov": [], "x_dec": [], "m": []}
+                               "x": [], "x_cov": [], "x_dec": [], "m": [], "clear": [],
+                               "a_clear": [], "x_clear": []}
     all_meas, all_a, all_x = [], [], []
     for unit, held in held_out.items():
         analytical, measured, learned = _predictors(train_for(unit), desc, args.min_records,
@@ -134,12 +137,15 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
               f"{_pct(xs[0].coverage):>8}{_pct(xs[0].decided_accuracy):>8}"
               f"{_pct(m.accuracy):>7}{ta.tau:>7.2f}{tx.tau:>7.2f}"
               f"{ta.ratio_p10:>8.2f}{ta.ratio_median:>6.2f}{ta.ratio_p90:>6.2f}"
-              f"{tx.ratio_median:>11.2f}")
+              f"{tx.ratio_median:>11.2f}{_pct(a.clear_share):>7}{_pct(a.clear_accuracy):>8}"
+              f"{_pct(np.mean([x.clear_accuracy for x in xs])):>8}")
         if a.pairs:
             for key, value in (("n", a.pairs), ("fuse", a.fuse_share), ("a", a.accuracy),
                                ("a_cov", a.coverage), ("a_dec", a.decided_accuracy),
                                ("x", [x.accuracy for x in xs]), ("x_cov", xs[0].coverage),
-                               ("x_dec", xs[0].decided_accuracy), ("m", m.accuracy)):
+                               ("x_dec", xs[0].decided_accuracy), ("m", m.accuracy),
+                               ("clear", a.clear_share), ("a_clear", a.clear_accuracy),
+                               ("x_clear", np.mean([x.clear_accuracy for x in xs]))):
                 pooled[key].append(value)
         all_meas += [measured_seconds(r) for r in held]
         all_a += [analytical(r)[0] for r in held]
@@ -150,10 +156,11 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
         print("all: no measured pairs to score\n")
         return
 
-    def pool(key):
+    def pool(key, weight=None):
         v = np.asarray(pooled[key], dtype=float)
-        ok = ~np.isnan(v)
-        return float((v[ok] * n[ok]).sum() / n[ok].sum()) if ok.any() else float("nan")
+        w = n if weight is None else n * np.asarray(pooled[weight], dtype=float)
+        ok = ~np.isnan(v) & ~np.isnan(w)
+        return float((v[ok] * w[ok]).sum() / w[ok].sum()) if ok.any() else float("nan")
 
     fuse = pool("fuse")
     seeds = [float((np.asarray(pooled["x"])[:, s] * n).sum() / n.sum())
@@ -163,9 +170,12 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
           f"{_pct(pool('a_dec')):>8}{_mean_std(seeds):>15}{_pct(pool('x_cov')):>8}"
           f"{_pct(pool('x_dec')):>8}{_pct(pool('m')):>7}"
           f"{kendalltau(all_meas, all_a).statistic:>7.2f}"
-          f"{kendalltau(all_meas, all_x).statistic:>7.2f}")
+          f"{kendalltau(all_meas, all_x).statistic:>7.2f}{'':>31}{_pct(pool('clear')):>7}"
+          f"{_pct(pool('a_clear', 'clear')):>8}{_pct(pool('x_clear', 'clear')):>8}")
     print(f"(xgb: {args.seeds} training seeds, mean +- std; coverage and decided accuracy of "
-          f"seed 0; analytical abstains below a predicted gain of {args.margin:.0%})\n")
+          f"seed 0; analytical abstains below a predicted gain of {args.margin:.0%}; clear: "
+          "pairs whose measured gain exceeds their runs' spread, accuracy there, xgb over "
+          "the seeds)\n")
 
 
 def _label(args) -> None:

@@ -48,6 +48,21 @@ def test_decisions_with_baselines_margin_and_abstention() -> None:
     assert empty.pairs == 0 and math.isnan(empty.accuracy)
 
 
+def test_clear_pairs_are_those_whose_gain_exceeds_the_runs_spread() -> None:
+    """a+b gains 25% with runs 10% apart: clear; c+d loses 2% with runs 8% apart: not."""
+    rows = [{"members": ["a"], "run_secs": [1.9, 2.0, 2.1], "model": "m"},
+            _row("b", 2.0), _row("ab", 3.0),
+            {"members": ["c"], "run_secs": [1.9, 2.0, 2.06], "model": "m"},
+            _row("d", 2.0), _row("cd", 4.08)]
+    pairs = {"".join(p.left["members"]): p for p in evaluation.pairs(rows)}
+    assert pairs["a"].gain == pytest.approx(0.25) and pairs["a"].noise == pytest.approx(0.1)
+    assert pairs["a"].clear and not pairs["c"].clear
+    # Right on a+b only: half of all pairs, every clear one.
+    d = evaluation.decide(list(pairs.values()),
+                          _model({"a": 2, "b": 2, "ab": 3, "c": 2, "d": 2, "cd": 3}))
+    assert (d.accuracy, d.clear_share, d.clear_accuracy) == (0.5, 0.5, 1.0)
+
+
 def test_times_rank_and_ratio() -> None:
     doubled = evaluation.times(ROWS, lambda r: (2 * sum(r["run_secs"]) / 3, True))
     assert doubled.tau == pytest.approx(1.0)

@@ -11,6 +11,11 @@ the groups it falls back on analytically), so that accuracy and coverage are bot
 
 Accuracy alone flatters a model on a set where most pairs go one way: "always fuse" and
 "never fuse" are printed beside it, and a model is only useful where it beats the better one.
+
+A label is only as sure as its timings: a pair is *clear* when its measured gain (or loss) is
+larger than the spread of the repeated runs behind it (``Pair.noise``); on the others the
+repeats disagree by more than the decision is worth, and either answer may be the right one.
+Accuracy on the clear pairs is reported beside accuracy on all of them, never instead.
 """
 
 from __future__ import annotations
@@ -36,6 +41,25 @@ class Pair:
     right: dict
     union: dict
     in_model: bool | None = None
+
+    @property
+    def gain(self) -> float:
+        """Measured (left + right - union) / (left + right) of the isolated timings."""
+        parts = measured_seconds(self.left) + measured_seconds(self.right)
+        return (parts - measured_seconds(self.union)) / parts
+
+    @property
+    def noise(self) -> float:
+        """The largest relative spread, (max - min) / median, of the three groups' runs."""
+        def spread(row: dict) -> float:
+            runs = np.asarray(row["run_secs"], dtype=float)
+            return float((runs.max() - runs.min()) / np.median(runs))
+        return max(spread(self.left), spread(self.right), spread(self.union))
+
+    @property
+    def clear(self) -> bool:
+        """The isolated label exceeds its runs' spread (in-model labels: always counted)."""
+        return self.in_model is not None or abs(self.gain) > self.noise
 
     @property
     def fuse_wins(self) -> bool:
@@ -74,6 +98,8 @@ class Decisions:
     accuracy: float  # every pair, an abstention answered by the fallback
     coverage: float  # share of pairs decided without abstaining
     decided_accuracy: float  # accuracy on the decided pairs (NaN when none)
+    clear_share: float = float("nan")  # of pairs whose label exceeds its runs' spread
+    clear_accuracy: float = float("nan")  # accuracy on those (NaN when none)
 
     @property
     def best_trivial(self) -> float:
@@ -85,22 +111,27 @@ def decide(pair_list: Sequence[Pair], predict: Predictor, fallback: Predictor | 
     """``predict``'s decisions on ``pair_list`` (see the module docstring); ``fallback``
     (default: ``predict``'s own times, ignoring confidence) answers the abstentions."""
     fallback = fallback or predict
-    right = decided = decided_right = 0
+    right = decided = decided_right = clear = clear_right = 0
     for p in pair_list:
         (u, cu), (a, ca), (b, cb) = (predict(r) for r in (p.union, p.left, p.right))
         sure = cu and ca and cb and abs(a + b - u) >= margin * (a + b)
         if sure:
+            ok = (u < a + b) == p.fuse_wins
             decided += 1
-            decided_right += (u < a + b) == p.fuse_wins
-            right += (u < a + b) == p.fuse_wins
+            decided_right += ok
         else:
             fu, fa, fb = (fallback(r)[0] for r in (p.union, p.left, p.right))
-            right += (fu < fa + fb) == p.fuse_wins
+            ok = (fu < fa + fb) == p.fuse_wins
+        right += ok
+        if p.clear:
+            clear += 1
+            clear_right += ok
     n = len(pair_list)
     fuse = sum(p.fuse_wins for p in pair_list)
     nan = float("nan")
     return Decisions(n, fuse / n if n else nan, right / n if n else nan,
-                     decided / n if n else nan, decided_right / decided if decided else nan)
+                     decided / n if n else nan, decided_right / decided if decided else nan,
+                     clear / n if n else nan, clear_right / clear if clear else nan)
 
 
 @dataclass(frozen=True)
