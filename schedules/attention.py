@@ -78,8 +78,9 @@ from .reduction import _vector_rfactor, reciprocal_divisions
 ROW_BLOCK_BYTES = 1024 * 1024
 #: Row-block buffers of ``rows x keys`` elements (scores, exp, and P where it is not inlined).
 _ROW_BUFFERS = 3
-#: Fewest query rows a block must hold: K^T and V are read once per block (4-row blocks ran
-#: at the split kernels' speed at 4096 keys, 1-row blocks 2.0-2.1x slower).
+#: Fewest query rows a block must hold: K^T and V are read once per block (at 4096 keys 4-row
+#: blocks ran at the split kernels' speed, 1-row blocks 2.0-2.1x slower; at 16384 causal keys
+#: 4-row blocks ran 1.15x faster than the split kernels).
 _MIN_ROWS = 4
 #: Longest key row scheduled: :data:`_MIN_ROWS` rows of every buffer still fit.
 MAX_KEYS = ROW_BLOCK_BYTES // (_ROW_BUFFERS * 4 * _MIN_ROWS) // 128 * 128  # 21760 float32 keys
