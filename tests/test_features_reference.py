@@ -242,6 +242,7 @@ def test_equal_at_the_attention_key_limit(past):
     """Key rows of ``schedules.attention.MAX_KEYS`` are attention, longer ones not, in the
     features and in the reference alike (8 queries: the graph is what counts)."""
     from tvm_costfuse.schedules.attention import MAX_KEYS
+
     from tvm_costfuse.testing import attention_program
 
     graph = build_graph(attention_program(1, 1, MAX_KEYS + past, 16, "plain", rows=8)[0])
