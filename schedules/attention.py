@@ -15,14 +15,15 @@ so the row block's buffers fit :data:`ROW_BLOCK_BYTES`, a share of L2.
 
 The row block holds the whole key row, not a running (online) max over key blocks: one exact
 max saves the rescaling an online softmax pays per key block, and the buffers of a block of
-register tiles fit L2 up to long rows (16 rows of 4096 keys: 768 KiB). K^T and V are
-streamed once per row block, so the rows per block, not which cache holds the buffers, decide
-a long row's speed: at 4096 keys 1-row blocks ran 2.0-2.1x slower than the split kernels,
-16-row blocks 1.2-1.3x faster (docs/benchmarks.md, "Fused attention for long key rows").
-Key rows longer than :data:`MAX_KEYS` (where :data:`_MIN_ROWS` rows no longer fit) are
-declined, and the features (``cost/extract.py``) do not call such a group attention either.
-A causal mask is applied as the corpus spells it (a ``where`` or an added mask tensor);
-masked blocks are computed, not skipped.
+register tiles fit L2 up to long rows (16 rows of 4096 keys: 768 KiB). K^T is streamed once
+per row block (its panel reused from L1 across the block's register tiles), V once per
+register tile, so the rows per block, not which cache holds the buffers, decide a long row's
+speed: at 4096 keys 1-row blocks ran 2.0-2.1x slower than the split kernels, 16-row blocks
+1.2-1.3x faster (docs/benchmarks.md, "Fused attention for long key rows"). Key rows longer
+than :data:`MAX_KEYS` (where :data:`_MIN_ROWS` rows no longer fit) are declined, and the
+features (``cost/extract.py``) do not call such a group attention either. A causal mask is
+applied as the corpus spells it (a ``where`` or an added mask tensor); masked blocks are
+computed, not skipped.
 
 Recognized structurally, never by name: the last einsum-form contraction (P V) reduces over
 the last index of its row operand P, which a chain of blocks containing a row reduction
@@ -78,7 +79,7 @@ from .reduction import _vector_rfactor, reciprocal_divisions
 ROW_BLOCK_BYTES = 1024 * 1024
 #: Row-block buffers of ``rows x keys`` elements (scores, exp, and P where it is not inlined).
 _ROW_BUFFERS = 3
-#: Fewest query rows a block must hold: K^T and V are read once per block (at 4096 keys 4-row
+#: Fewest query rows a block must hold: K^T is read once per block (at 4096 keys 4-row
 #: blocks ran at the split kernels' speed, 1-row blocks 2.0-2.1x slower; at 16384 causal keys
 #: 4-row blocks ran 1.15x faster than the split kernels).
 _MIN_ROWS = 4
