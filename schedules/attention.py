@@ -10,12 +10,17 @@ computed into a local buffer (register tile ``rows x lanes`` over the keys, scal
 evaluated where the scores are read), then the row max and row sum (vector partials), the exp
 (vectorized by ``fast_math``) and the ``rows x cols`` output tile of P V in registers, where
 ``P = exp * (1 / sum)`` is formed as it is read. Scores, exp and the row statistics never reach
-memory; ``rows`` is the P V register tile's, cut down so the row block's buffers fit L1.
+memory; ``rows`` is the P V register tile's (up to :data:`_MAX_SUBTILES` of them), cut down
+so the row block's buffers fit :data:`ROW_BLOCK_BYTES`, a share of L2.
 
-The row block holds the whole key row, not a running (online) max over key blocks: at the
-corpus' sequence lengths (16-197 keys) a block of rows x keys is a few KiB, and one exact max
-saves the rescaling an online softmax pays per key block. Longer key rows than
-:data:`MAX_KEYS` (where even two rows would not fit :data:`L1_BYTES`) are declined, and the
+The row block holds the whole key row, not a running (online) max over key blocks: one exact
+max saves the rescaling an online softmax pays per key block, and the buffers of a block of
+register tiles fit L2 up to long rows (16 rows of 4096 keys: 768 KiB). K^T is streamed once
+per row block (its panel reused from L1 across the block's register tiles), V once per
+register tile, so the rows per block, not which cache holds the buffers, decide a long row's
+speed: at 4096 keys 1-row blocks ran 2.0-2.1x slower than the split kernels, 16-row blocks
+1.2-1.3x faster (docs/benchmarks.md, "Fused attention for long key rows"). Key rows longer
+than :data:`MAX_KEYS` (where :data:`_MIN_ROWS` rows no longer fit) are declined, and the
 features (``cost/extract.py``) do not call such a group attention either. A causal mask is
 applied as the corpus spells it (a ``where`` or an added mask tensor); masked blocks are
 computed, not skipped.
@@ -65,13 +70,21 @@ from .classes import ScheduleClass
 from .contraction import _operands
 from .reduction import _vector_rfactor, reciprocal_divisions
 
-#: L1 data cache assumed for the row block's buffers: 32 KiB, the L1d of every x86 core the
-#: targets describe (Haswell, Skylake-AVX512, Zen 4; newer Intel cores have 48 KiB).
-L1_BYTES = 32 * 1024
+#: The row block's buffers: 1 MiB, the L2 of Skylake-SP and Zen 4 cores (newer Intel cores
+#: have 2 MiB; on Haswell's 256 KiB they come from L3, still fewer bytes than re-reading K^T
+#: and V for a smaller block). Measured at 4096 keys: 256 KiB (4-row blocks) ran at the split
+#: kernels' speed, 1 MiB (16 rows) 1.2-1.3x faster, 2 MiB (32 rows) another 4-9% on a 2 MiB
+#: L2; at 2048 keys 128 KiB-1 MiB ran alike; at 197-1280 keys 1 MiB ran 1.05-1.14x faster
+#: than a 32 KiB (L1) share.
+ROW_BLOCK_BYTES = 1024 * 1024
 #: Row-block buffers of ``rows x keys`` elements (scores, exp, and P where it is not inlined).
 _ROW_BUFFERS = 3
-#: Longest key row scheduled: two query rows of every row-block buffer still fit L1.
-MAX_KEYS = L1_BYTES // (_ROW_BUFFERS * 4 * 2) // 128 * 128  # 1280 float32 keys
+#: Fewest query rows a block must hold: K^T is read once per block (at 4096 keys 4-row
+#: blocks ran at the split kernels' speed, 1-row blocks 2.0-2.1x slower; at 16384 causal keys
+#: 4-row blocks ran 1.15x faster than the split kernels).
+_MIN_ROWS = 4
+#: Longest key row scheduled: :data:`_MIN_ROWS` rows of every buffer still fit.
+MAX_KEYS = ROW_BLOCK_BYTES // (_ROW_BUFFERS * 4 * _MIN_ROWS) // 128 * 128  # 21760 float32 keys
 #: Register tiles of rows per row block: K^T and V are read from L2 once per row block and
 #: from L1 for its other tiles (measured: 4-row blocks ran 10% slower than the split kernels
 #: on BERT's 128 x 64 heads, loading 64 KiB of K^T and V per 65K multiply-adds).
@@ -137,7 +150,7 @@ class Attention(SafeRule):
         if tile is None:  # a head dim that is no whole number of vectors: one partial one
             tile = gemm.Tile(min(n_rows, budget), 1, vector_tile(cols, lanes))
         itemsize = max(1, tvm.DataType(dtype).bits // 8)
-        fits = max(1, L1_BYTES // (_ROW_BUFFERS * itemsize * keys))
+        fits = max(1, ROW_BLOCK_BYTES // (_ROW_BUFFERS * itemsize * keys))
         sub = max(1, min(tile.rows, fits))
         even = largest_divisor(n_rows, sub)
         if 2 * even >= sub:

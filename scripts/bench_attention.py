@@ -70,6 +70,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # TVM's pool starts at every CPU the process may use (``tvm_costfuse/__init__.py``);
+    # the target's core count does not limit a parallel loop at run time.
+    tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
     target = host_target(args.threads)
     for case in args.cases:
         *dims, form = case.split(",")

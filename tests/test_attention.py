@@ -1,7 +1,8 @@
 """The fused attention kernel (``schedules/attention.py``): numerics against the unfused
-program and NumPy (plain, masked and causal forms; ragged sequence lengths), its structure on
-fixed AVX2 / AVX-512 targets, the groups it declines, and that the planner forms the group
-(FuseOps cannot) and prices it as this kernel."""
+program and NumPy (plain, masked and causal forms; ragged sequence lengths; key rows longer
+than L1 holds), its structure on fixed AVX2 / AVX-512 targets, the groups it declines (key
+rows past ``MAX_KEYS`` among them), and that the planner forms the group (FuseOps cannot)
+and prices it as this kernel."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm_costfuse.schedules import Attention, schedule_pass
+from tvm_costfuse.schedules.attention import _ROW_BUFFERS, MAX_KEYS, ROW_BLOCK_BYTES
 from tvm_costfuse.schedules.classes import ScheduleClass
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy
@@ -54,6 +56,20 @@ def _fused(mod, group: list[str]) -> tirx.PrimFunc:
 def _scheduled(func, target):
     with target:
         return Attention().apply(func, target, False)
+
+
+def _compacted(func) -> dict[str, tuple[str, list[int]]]:
+    """Name -> (scope, shape) of the buffers a scheduled function allocates, each cut to the
+    region one iteration of its loop nest uses (as lowering allocates them)."""
+    lower = s_tir.transform
+    mod = tvm.transform.Sequential([
+        lower.LowerInitBlock(), lower.PlanAndUpdateBufferAllocationLocation(),
+        lower.ConvertBlocksToOpaque(), lower.CompactBufferAllocation()])(
+            tvm.IRModule({"main": func}))
+    found = {}
+    tvm_ffi.structural_walk(mod["main"].body, (s_tir.SBlock, lambda b: found.update(
+        {buf.name: (buf.scope(), [int(x) for x in buf.shape]) for buf in b.alloc_buffers})))
+    return found
 
 
 def _loops(func) -> list[tirx.For]:
@@ -114,6 +130,56 @@ def test_one_parallel_row_block_loop_with_local_buffers_and_vectors(target, form
     scores = [n for n in local if n.startswith("matmul_intermediate") and "_1" not in n]
     assert scores and all(local[n] == "local" for n in scores)  # the scores never reach memory
     assert all(local[n] == "local" for n in local if "softmax" in n)
+
+
+@pytest.mark.parametrize(("shape", "form", "rows"), [
+    ((1, 2, 2048, 64), "plain", 128),  # 128 queries against 2048 keys, 2 heads
+    ((1, 1, 2048, 32), "masked", 100),  # a ragged last row block
+    ((1, 1, 2048, 64), "causal", None),  # every query row of a 2048-token causal head
+])
+def test_long_key_rows_match_the_unfused_program(shape, form, rows) -> None:
+    """Key rows longer than L1 holds (the rule declined them once): the row block's buffers
+    sit in L2, the softmax still exact."""
+    mod, inputs = _program(*shape, form, rows=rows)
+    group = _everything(mod)
+    assert group_features(build_graph(mod), group).schedule_on("cpu") == ScheduleClass.ATTENTION
+    assert _scheduled(_fused(mod, group), TARGET) is not None
+    fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
+    unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, None, schedule_pass(TARGET)))
+    got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("target", "tile_rows"), [(AVX2, 2), (AVX512, 4)],
+                         ids=["avx2", "avx512"])
+def test_long_rows_keep_blocks_of_register_tiles_in_the_l2_share(target, tile_rows) -> None:
+    """At 4096 keys the row block still holds several P V register tiles (K^T and V are
+    streamed once per block), its scores and exp buffers within ROW_BLOCK_BYTES."""
+    heads, keys = 4, 4096
+    mod, _ = _program(1, heads, keys, 64, "causal")
+    sch = _scheduled(_fused(mod, _everything(mod)), target)
+    assert sch is not None
+    func = sch.mod["main"]
+    buffers = _compacted(func)
+    row_block = {n: shape for n, (scope, shape) in buffers.items()
+                 if scope == "local" and shape[-1] == keys}
+    assert {"matmul_intermediate_local", "T_softmax_exp_local"} <= set(row_block)
+    (rows,) = {shape[-2] for shape in row_block.values()}
+    assert rows == 4 * tile_rows  # _MAX_SUBTILES register tiles: 8 rows (AVX2), 16 (AVX-512)
+    assert _ROW_BUFFERS * 4 * rows * keys <= ROW_BLOCK_BYTES
+    parallel = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.PARALLEL]
+    assert int(parallel[-1].extent) == heads * keys // rows  # heads x row blocks
+
+
+def test_key_rows_past_the_limit_are_declined() -> None:
+    for keys, applies in ((MAX_KEYS, True), (MAX_KEYS + 128, False)):
+        mod, _ = _program(1, 1, keys, 16, "plain", rows=8)
+        group = _everything(mod)
+        assert group_features(build_graph(mod), group).attention is applies
+        assert (_scheduled(_fused(mod, group), AVX512) is not None) is applies
 
 
 @pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])

@@ -235,3 +235,17 @@ def test_equal_on_arbitrary_member_sets(seed, n, data):
     graph = branchy_dag(n, seed=seed) if seed % 2 else random_dag(n, seed=seed)
     picked = data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n))
     _assert_equal(graph, [frozenset(f"op{i}" for i in picked)])
+
+
+@pytest.mark.parametrize("past", [0, 128], ids=["at", "past"])
+def test_equal_at_the_attention_key_limit(past):
+    """Key rows of ``schedules.attention.MAX_KEYS`` are attention, longer ones not, in the
+    features and in the reference alike (8 queries: the graph is what counts)."""
+    from tvm_costfuse.schedules.attention import MAX_KEYS
+
+    from tvm_costfuse.testing import attention_program
+
+    graph = build_graph(attention_program(1, 1, MAX_KEYS + past, 16, "plain", rows=8)[0])
+    names = [n.name for n in graph.nodes if n.kind == "call_tir"]
+    assert group_features(graph, names).attention is (past == 0)
+    _assert_equal(graph, [frozenset(names), frozenset(names[1:])])

@@ -45,6 +45,13 @@ from .features import GroupFeatures
 # threads: split / fused 1.02-1.09 on BERT's 12 x 128 x 64 heads (masked, causal) and ViT's
 # 12 x 197 x 64, 1.19-1.29 on the small variants' 2 x 16 x 16; 0.55 prices them at 1.03-1.04
 # and 1.29-1.44 (/tmp-free script: docs/benchmarks.md, "attention kernel").
+# Long key rows (1280-16384 keys, the row block in a share of L2) keep that share: the fused
+# kernel's measured / predicted time there, 0.69-1.37 by form at 1280-4096 keys (plain
+# fastest, causal slowest; 1.95 at 16384 causal), spans the 0.74-0.98 of 128-197 keys, while
+# the split kernels' is 1.07-1.74 (2.35): split / fused is predicted 0.93-0.96 (1 and 2
+# threads) and measured 1.04-1.62, the error on the split side (most likely its scores
+# tensor, 75 MiB-1 GiB there, priced under the compute by the overlap term), not in this
+# share (rocketlake host, under load; docs/benchmarks.md, "Fused attention for long key rows").
 _EFF = {
     "cpu": {SC.CONTRACTION: 0.55, SC.CONTRACTION_STREAM: 0.55, SC.REDUCTION: 0.25,
             SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05, SC.ATTENTION: 0.55},
