@@ -15,7 +15,8 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
   reduction steps (28 for the direct convolution and the general tiling, 9 for the GEMM
   micro-kernel, whose tile stores whole vectors in place);
 - ``E_path``: what the best-shaped kernels of each path reach on top of that (loop and address
-  overhead, cache misses the model does not see).
+  overhead, cache misses the model does not see), times ``E_ACTIVATION`` for a GEMM whose
+  streamed operand is not a packed constant weight.
 
 A depthwise convolution (``depthwise.py``) has no tile search: its share is
 ``K / (K + K0) * E_DEPTHWISE[stride]``, its time the loads of each tap and, at stride 2, the
@@ -56,6 +57,13 @@ K0 = 28.0
 K0_GEMM = 9.0
 # Best-case share of each path after tile padding and the K term (fitted).
 E_PATH = {"gemm": 0.72, "conv": 0.80, "tiled": 0.43}
+# The GEMM micro-kernel's share when its streamed operand is no constant weight (attention's
+# K^T and V, any batch matmul of two activations): read in its own layout, never packed into
+# panels (``prepack.py`` packs constants only). The measured / modeled share of the corpus'
+# per-head matmuls at 1 and 2 threads (rocketlake, ``bench_kernels.py --peak``,
+# docs/benchmarks.md): ViT's Q K^T 0.71 / 0.74, its P V 0.76 / 0.85, BERT's Q K^T 0.82 / 0.84,
+# against 1.00-1.06 for the weight GEMMs of the same table; their geomean.
+E_ACTIVATION = 0.78
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
 E_DEPTHWISE = {1: 0.44, 2: 0.14}
 
@@ -154,7 +162,8 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     reduce = k / (k + K0)
     share = _gemm_share(gemm_geom, lanes, registers) if gemm_geom else None
     if share is not None:
-        return "gemm", E_PATH["gemm"] * share * k / (k + K0_GEMM)
+        packed = 1.0 if gemm_geom[2] else E_ACTIVATION
+        return "gemm", E_PATH["gemm"] * share * k / (k + K0_GEMM) * packed
     share = _conv_share(*conv_geom, lanes, registers) if conv_geom else None
     if share is not None:
         return "conv", E_PATH["conv"] * share * reduce
