@@ -1,0 +1,94 @@
+"""A/B of a planning choice end to end: CostFuse as the code stands ("new") against CostFuse
+with module attributes set otherwise in-process ("old"), and FuseOps, interleaved.
+
+Each ``--old MODULE.ATTR=EXPR`` sets one attribute (EXPR is Python, evaluated once) while the
+"old" variant is planned and compiled, then restores it; the efficiency cache
+(``schedules.efficiency.fraction_of_peak``) is cleared around it, so constants it reads take
+effect. Outputs of both CostFuse builds are compared with FuseOps'. Host description as the
+pipeline finds it (calibrated unless ``TVM_COSTFUSE_CALIBRATION=none``)::
+
+    python scripts/research/plan_ab.py --models bert vit_b_16 --threads 1 --repeat 5 \\
+        --old tvm_costfuse.schedules.efficiency.E_ACTIVATION=1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+import tvm
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_corpus import _thread_pool, _with_threads  # noqa: E402
+
+from tvm_costfuse import host_target, strategy_pipeline  # noqa: E402
+from tvm_costfuse.measurement.quiet import OtherLoad  # noqa: E402
+from tvm_costfuse.measurement.timing import interleave, run, vm_sampler  # noqa: E402
+from tvm_costfuse.models import corpus  # noqa: E402
+from tvm_costfuse.schedules.efficiency import fraction_of_peak  # noqa: E402
+
+
+def _parse(spec: str):
+    target, expr = spec.split("=", 1)
+    module, attr = target.rsplit(".", 1)
+    return importlib.import_module(module), attr, eval(expr)  # a research flag, typed by hand
+
+
+@contextmanager
+def overridden(settings):
+    saved = [(m, a, getattr(m, a)) for m, a, _ in settings]
+    for m, a, value in settings:
+        setattr(m, a, value)
+    fraction_of_peak.cache_clear()
+    try:
+        yield
+    finally:
+        for m, a, value in saved:
+            setattr(m, a, value)
+        fraction_of_peak.cache_clear()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--old", action="append", required=True, metavar="MODULE.ATTR=EXPR")
+    args = ap.parse_args()
+    settings = [_parse(s) for s in args.old]
+    for name in args.models:
+        mod, inputs, _ = corpus.load(name)
+        target = host_target(args.threads)
+        _thread_pool(args.threads)
+        samplers, kernels, outs = {}, {}, {}
+        for label, strategy in (("old", "costfuse"), ("new", "costfuse"), ("tvm", "tvm")):
+            def build():
+                return tvm.compile(mod, target=target,
+                                   relax_pipeline=strategy_pipeline(strategy, target))
+            if label == "old":
+                with overridden(settings):
+                    ex = build()
+            else:
+                ex = build()
+            calls: list = []
+            outs[label] = run(ex, inputs, calls=calls)[0]
+            kernels[label] = len(calls)
+            samplers[label] = _with_threads(vm_sampler(ex, inputs, min_ms=50), args.threads)
+        scale = max(1e-30, float(np.abs(outs["tvm"]).max()))
+        err = {k: float(np.abs(v - outs["tvm"]).max()) / scale for k, v in outs.items()}
+        with OtherLoad() as load:
+            timed = interleave(samplers, args.repeat)
+        ms = {k: float(np.median(v)) * 1e3 for k, v in timed.items()}
+        print(f"{name} threads={args.threads} load={load.cores:.2f} kernels={kernels} "
+              + " ".join(f"{k}={v:.2f}ms" for k, v in ms.items())
+              + f" new/old speed={ms['old'] / ms['new']:.3f}"
+              f" new vs FuseOps={ms['tvm'] / ms['new']:.3f}"
+              f" max rel err vs FuseOps old={err['old']:.1e} new={err['new']:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
