@@ -148,6 +148,17 @@ def reference_attention(graph, names: list[str], n_outputs: int) -> bool:
     if keys > MAX_KEYS:
         return False
 
+    def regroups(n) -> bool:
+        node = graph[n]
+        if not node.reshape_like:
+            return False
+        src = node.inputs[0] if len(node.inputs) == 1 else None
+        if src is None or src.startswith("%") or len(graph[src].outputs) != 1:
+            return True
+        def squeeze(shape):
+            return tuple(d for d in shape if d != 1)
+        return squeeze(graph[src].outputs[0].shape) != squeeze(node.outputs[0].shape)
+
     def is_move(n) -> bool:
         return cls[n] == "injective" and graph[n].kind == "call_tir" and not graph[n].flops
 
@@ -174,6 +185,8 @@ def reference_attention(graph, names: list[str], n_outputs: int) -> bool:
                 if (is_move(n) and not graph[n].reshape_like
                         and any(p in after for p in graph.producers(n))):
                     return False
+                if regroups(n) and any(p in after for p in graph.producers(n)):
+                    return False  # a reshape that splits or merges the scores' axes
                 after.add(n)
         return all(n in chain for n in names if cls[n] == "reduction")
 

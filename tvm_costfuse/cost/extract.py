@@ -142,6 +142,15 @@ def _prologue(facts: dict[str, _NodeFacts], member, contractions: list) -> list[
     return sorted(found.values(), key=_index)
 
 
+def regroups_scores(graph: OpGraph, f: _NodeFacts) -> bool:
+    """A reshape on the scores' way to the softmax that splits or merges axes (swin's windows:
+    ``(B * nW, heads, 49, 49) -> (B, nW, heads, 49, 49)`` to add the shifted-window mask, and
+    back). Inlined into the fused kernel, every score read carries its div/mod indices:
+    swin_t's windowed attention kernels ran 45 ms against FuseOps' 33 ms for the same heads
+    split (``kernel_profile.py``, docs/benchmarks.md). A unit reshape is no such regrouping."""
+    return f.node.reshape_like and not _unit_reshape(graph, f.node)
+
+
 def _softmax_chain(graph: OpGraph, facts: dict[str, _NodeFacts], member, operand: str,
                    qk: _NodeFacts | None, keys: int) -> bool:
     """Whether the members ``operand`` is computed from (up to ``qk``) are a softmax over the
@@ -169,6 +178,8 @@ def _softmax_chain(graph: OpGraph, facts: dict[str, _NodeFacts], member, operand
     for f in sorted(chain.values(), key=_index):
         if f.reduction or not after.isdisjoint(f.producers):
             if f.move_reorders and not after.isdisjoint(f.producers):
+                return False
+            if regroups_scores(graph, f) and not after.isdisjoint(f.producers):
                 return False
             after.add(f.name)
     reductions = [f for f in (facts[n] for n in member) if f.reduction]
