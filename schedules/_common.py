@@ -210,7 +210,8 @@ def root_blocks(sch: s_tir.Schedule) -> list[SBlockRV]:
     return list(sch.get_child_blocks(sch.get_sblock(body.block.name_hint)))
 
 
-def _uses(expr, var) -> bool:
+def uses(expr, var) -> bool:
+    """Whether ``expr`` mentions ``var``."""
     found = []
     tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v.same_as(var))))
     return any(found)
@@ -229,8 +230,8 @@ def reads_transposed(consumer: tirx.SBlock, buffer) -> bool:
         return False
     loads = []
     tvm_ffi.structural_walk(body.value, (tvm.ir.expr.TensorLoad, loads.append), order="post")
-    return any(ld.source.same_as(buffer) and not _uses(ld.indices[-1], last)
-               and any(_uses(i, last) for i in ld.indices[:-1]) for ld in loads)
+    return any(ld.source.same_as(buffer) and not uses(ld.indices[-1], last)
+               and any(uses(i, last) for i in ld.indices[:-1]) for ld in loads)
 
 
 def inline_spatial(sch: s_tir.Schedule, protect: set[str] | None = None,

@@ -188,12 +188,9 @@ def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) ->
         inner, ext, outer = loops[-1], extents[-1], list(loops[:-1])
         repeats = _broadcast_loops(sch, block, outer)
         kept = [lp for lp in outer if lp not in repeats]
-        rows = _product([int_extent(sch, lp) for lp in kept])
-        moved = bool(repeats) and rows is not None and rows >= (
+        kept_rows = _product([int_extent(sch, lp) for lp in kept])
+        moved = bool(repeats) and kept_rows is not None and kept_rows >= (
             PARALLEL_CHUNKS_PER_CORE * num_cores(target))
-        if moved:
-            sch.reorder(*kept, *repeats, inner)
-            outer = kept  # the repeats stay serial, inside the parallel loop
         if ext is not None and ext > 1:
             rows = _product(extents[:-1])
             few_rows = rows is not None and rows < PARALLEL_CHUNKS_PER_CORE * num_cores(target)
@@ -208,12 +205,12 @@ def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) ->
                     if few_rows:
                         outer.append(lo)  # too few rows to keep every core busy
                 sch.vectorize(inner)
-        if moved:  # below the vector loop's outer part too: the value varies only there
+        if moved:  # the repeats serial right above the vector loop, inside the parallel one
             cur = sch.get_loops(block)
-            split_outer = [lp for lp in cur[len(kept):-1]
-                           if not any(sch.get(lp).same_as(sch.get(r)) for r in repeats)]
-            if split_outer:
-                sch.reorder(*split_outer, *repeats, cur[-1])
+            varying = [lp for lp in cur[:-1]
+                       if not any(sch.get(lp).same_as(sch.get(r)) for r in repeats)]
+            sch.reorder(*varying, *repeats, cur[-1])
+            outer = kept
         total = _product(extents)
         parallelize(sch, outer, total if total is not None else MIN_PARALLEL_ITERS)
         return

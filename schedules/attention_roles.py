@@ -12,7 +12,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from . import gemm
-from ._common import int_extent, is_spatial, root_blocks
+from ._common import int_extent, is_spatial, root_blocks, uses
 from .contraction import _operands
 
 
@@ -39,12 +39,6 @@ def producer_of(sch, buffer):
         if any(w.source.same_as(buffer) for w in sch.get(blk).writes):
             return blk
     return None
-
-
-def uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v.same_as(var))))
-    return any(found)
 
 
 def loops_below(sch, block, top) -> dict | None:
