@@ -127,6 +127,34 @@ def test_group_kernel_packs_constant_weights_as_a_model_build_does():
     assert len(secs) == 2 and all(s > 0 for s in secs)
 
 
+def test_timed_kernel_is_finished_as_a_model_build_finishes_it():
+    # A model's build turns erf into vectorizable code after the rules (fast_math); a feedback
+    # loop that timed the rules' output alone timed scalar libm calls (a GELU 10x too slow).
+    mod, _ = prepared("mlp_gelu")
+    graph = build_graph(mod)
+    func = feedback.group_kernel(mod, graph, ("matmul", "add", "gelu"))
+    assert "T.erf(" in func.script()
+    scheduled, trace = feedback.schedule_kernel(func, host_target())
+    assert "T.erf(" not in scheduled.script()
+    assert "vectorized" in scheduled.script()
+    assert len(trace.insts) > 0  # the rules' schedule, which a database record replays
+
+
+def test_kernel_is_timed_on_the_targets_cores():
+    mod, _ = prepared("mlp_gelu")
+    graph = build_graph(mod)
+    func = feedback.group_kernel(mod, graph, ("add", "gelu"))
+    target = host_target(1)
+    scheduled, _ = feedback.schedule_kernel(func, target)
+    num_threads = tvm.get_global_func("runtime.NumThreads")
+    before = num_threads()
+    try:
+        build_and_time(tvm.ir.save_json(scheduled), target.export(), 1, 1, 1, 1)
+        assert num_threads() == 1
+    finally:
+        tvm.get_global_func("runtime.config_threadpool")(1, before)
+
+
 def test_multi_output_kernel_is_timed_through_the_vm():
     # gpt2's split hands three tensors on: the VM program must return all three, and a short
     # kernel is timed per call of a chain (the chain's entry cost spread over its calls).

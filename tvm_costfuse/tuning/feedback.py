@@ -41,7 +41,7 @@ from ..graph import OpGraph, build_graph
 from ..partition import apply_partition
 from ..pipelines import prepare
 from ..planner import plan_greedy
-from ..schedules import rules
+from ..schedules import finish_pass, rules
 from ..schedules.cuda import GuardedRule, gpu_rules
 from ..schedules.prepack import mark_constant_weights
 from ..targets import resolve
@@ -135,7 +135,9 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
 def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     """(scheduled PrimFunc, trace) from our CPU rules, or dlight's GPU rules on a CUDA target,
     first that applies wins (as dlight's ApplyDefaultSchedule); (func, empty trace) when none
-    applies."""
+    applies. On a CPU the kernel then goes through ``finish_pass`` as in a model's build, so
+    what is timed is the kernel the model runs; the trace is the rules' alone (a database
+    record replays it, and the build finishes it the same way)."""
     if target.kind.name == "cuda":
         candidates = [GuardedRule(r) for r in gpu_rules()]
     else:
@@ -145,8 +147,14 @@ def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
         if isinstance(sch, list):
             sch = sch[0] if sch else None
         if sch is not None:
-            return sch.mod["main"], sch.trace
-    return func, tvm.s_tir.Schedule(func).trace
+            return _finished(sch.mod["main"], target), sch.trace
+    return _finished(func, target), tvm.s_tir.Schedule(func).trace
+
+
+def _finished(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
+    if target.kind.name == "cuda":
+        return func
+    return finish_pass()(tvm.IRModule({"main": func}))["main"]
 
 
 def feature_row(model: str, graph: OpGraph, members, features=None) -> dict:
