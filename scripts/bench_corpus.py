@@ -110,7 +110,7 @@ def _first_output(out) -> np.ndarray:
 
 
 def bench_model(name: str, small: bool, threads: list[int], repeat: int, with_ort: bool,
-                tmp: str) -> dict:
+                tmp: str, ours: tuple[str, ...] = OURS) -> dict:
     """One model's row: kernels per strategy, and per thread count ms and error per column."""
     import torch
 
@@ -125,7 +125,7 @@ def bench_model(name: str, small: bool, threads: list[int], repeat: int, with_or
         target = host_target(t)
         _thread_pool(t)
         samplers: dict[str, Callable[[], float]] = {}
-        for s in OURS:
+        for s in ours:
             ex = tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline(s, target))
             calls: list[str] = []
             out = run(ex, inputs, calls=calls)
@@ -158,17 +158,18 @@ def _load_cell(row: dict) -> str:
     return " / ".join(f"{loads[t]:.2f}" for t in sorted(loads, key=int)) or "n/a"
 
 
-def _table(rows: list[dict], threads: list[int], with_ort: bool) -> str:
+def _table(rows: list[dict], threads: list[int], with_ort: bool,
+           ours: tuple[str, ...] = OURS) -> str:
     peers = ["torch"] + (["ort"] if with_ort else [])
-    cols = [f"{c}@{t}" for t in threads for c in (*OURS, *peers)]
-    head = ["model", "family", *(f"k {s}" for s in OURS), *(f"{c} ms" for c in cols), "max err",
+    cols = [f"{c}@{t}" for t in threads for c in (*ours, *peers)]
+    head = ["model", "family", *(f"k {s}" for s in ours), *(f"{c} ms" for c in cols), "max err",
             "other load"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | {r.get('family', '')} | failed: {r['error']} |")
             continue
-        cells = [r["model"], r["family"], *(str(r["kernels"][s]) for s in OURS),
+        cells = [r["model"], r["family"], *(str(r["kernels"].get(s, "-")) for s in ours),
                  *(f"{r['ms'].get(c, math.nan):.2f}" for c in cols),
                  f"{max(r['err'].values()):.1e}", _load_cell(r)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -183,8 +184,9 @@ def _table(rows: list[dict], threads: list[int], with_ort: bool) -> str:
         for column, why in r.get("failed", {}).items():
             lines.append(f"- {r['model']}: no {column} column: {why}")
     for t in threads:
-        for num in ("costfuse", "tvm"):
-            for den in ("none", "tvm", *peers):
+        for num in (*(s for s in ours if s.startswith("costfuse")), "tvm"):
+            variant = ("costfuse",) if num.startswith("costfuse-") and "costfuse" in ours else ()
+            for den in ("none", "tvm", *variant, *peers):
                 if num == den or (num == "tvm" and den != "none"):
                     continue
                 ratios = [r["ms"][f"{den}@{t}"] / r["ms"][f"{num}@{t}"] for r in ok
@@ -203,6 +205,9 @@ def main() -> None:
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds")
     ap.add_argument("--no-ort", action="store_true", help="skip the ONNX Runtime columns")
+    ap.add_argument("--ours", nargs="+", default=list(OURS),
+                    help=f"our strategies to time (default {' '.join(OURS)}; e.g. add "
+                         "costfuse-xgb)")
     ap.add_argument("--out", default=None, help="also write the markdown table here")
     ap.add_argument("--rows", default=None,
                     help="append each model's row to this JSON-lines file as it finishes (a long "
@@ -226,7 +231,7 @@ def main() -> None:
             start = time.perf_counter()
             try:
                 row = bench_model(name, args.small, args.threads, args.repeat,
-                                  not args.no_ort, tmp)
+                                  not args.no_ort, tmp, tuple(args.ours))
             except Exception as err:  # noqa: BLE001 -- a model that fails is a row saying so
                 row = {"model": name, "error": f"{type(err).__name__}: {err}"[:200]}
             rows.append(row)
@@ -235,7 +240,7 @@ def main() -> None:
                     f.write(json.dumps(row) + "\n")
             print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
     rows = [r for r in rows if r["model"] in names]
-    table = _table(rows, args.threads, not args.no_ort)
+    table = _table(rows, args.threads, not args.no_ort, tuple(args.ours))
     print(f"host {host_target()}, {os.cpu_count()} CPUs, small={args.small}, "
           f"repeat={args.repeat}")
     print(table)

@@ -51,6 +51,7 @@ from tvm_costfuse.cost.learned import (
     train_rows,
 )
 from tvm_costfuse.cost.measured import MeasuredModel
+from tvm_costfuse.measurement.quiet import OtherLoad
 from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.transform import plan_module
@@ -73,11 +74,17 @@ def _measure(args) -> None:
         model = models.variant_name(name, small)
         mod, _ = models.load(name, small=small)
         print(f"{model}:", flush=True)
-        s = measure_model(model, mod, target, work_dir, config, max_groups=args.max_groups,
-                          log=lambda m: print(m, flush=True))
+        with OtherLoad() as load:
+            s = measure_model(model, mod, target, work_dir, config, max_groups=args.max_groups,
+                              log=lambda m: print(m, flush=True))
+        # The kernels run in a worker process, so the machine's whole load is what tells a
+        # disturbed model: on a 2-vCPU host, a test run on the other core made the kernels
+        # here 2.2x slower.
         print(f"{model}: measured {s.measured}, failed {s.failed}, reused {s.reused}, "
               f"unformable {s.unformable}, views {s.views}, "
-              f"skipped {s.skipped} in {s.seconds:.0f} s", flush=True)
+              f"skipped {s.skipped} in {s.seconds:.0f} s; the machine was busy "
+              f"{load.all_cores:.2f} cores (this measurement's share: about "
+              f"{int(target.attrs.get('num-cores', 1))})", flush=True)
 
 
 def _predictors(train: list[dict], desc, min_records: int, seeds: int):

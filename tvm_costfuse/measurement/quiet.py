@@ -42,6 +42,7 @@ class OtherLoad:
 
     cores: float = float("nan")
     own_cores: float = float("nan")  # what this process used meanwhile, for comparison
+    all_cores: float = float("nan")  # every process together (this one's worker processes too)
     seconds: float = float("nan")  # the window's wall time
     _start: tuple = field(default=(), repr=False)
 
@@ -56,5 +57,6 @@ class OtherLoad:
         if busy is None or busy0 is None or wall <= 0:
             return
         self.own_cores = (_own_seconds() - own0) / wall
+        self.all_cores = (busy - busy0) / wall
         # Clock-tick granularity (10 ms) can make a quiet window read slightly negative.
         self.cores = max(0.0, (busy - busy0) / wall - self.own_cores)
