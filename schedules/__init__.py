@@ -45,9 +45,11 @@ def schedule_pass(target: Target, prepack: bool = True,
 
 
 def finish_pass(fast_math: bool = True) -> tvm.transform.Pass:
-    """What every CPU kernel goes through after the rules scheduled it: loops split into whole
-    vectors and a tail are partitioned, then the float32 math calls become vectorizable
-    expressions. Anything that times a kernel alone (the feedback loop) applies it too, or it
-    would time scalar libm calls and guarded vector loops the model's build never runs."""
+    """What every CPU kernel goes through after the rules scheduled it: the loops the rules
+    hinted for partitioning (whole vectors and a tail) get int32 variables, so that TVM's
+    loop partitioning peels their tails when the kernel is lowered, then the float32 math calls
+    become vectorizable expressions. Anything that times a kernel alone (the feedback loop)
+    applies it too, or it times scalar libm calls and guarded vector loops the model's build
+    never runs."""
     passes = [int32_partition_loops] + ([fast_math_pass] if fast_math else [])
     return tvm.transform.Sequential(passes, name="CostFuseCPUFinish")

@@ -73,7 +73,9 @@ def _binds_one_reduction(sch, block, loop) -> bool:
             and bound[0][1].same_as(var))
 
 
-_MIN_FUSED_VECTORS = 4  # mean over 7 x 7: 5.0 us unfused, 9.7 fused (672 channels, 1 thread)
+# Shortest fused row worth a vector of partials: a 7 x 7 mean (672 channels, one thread,
+# 16 lanes) took 5.0 us in its unrolled 7-long loops, 9.7 us fused.
+_MIN_FUSED_ELEMENTS = 64
 
 
 def _contiguous_reduction_loops(sch, block) -> list:
@@ -89,12 +91,19 @@ def _contiguous_reduction_loops(sch, block) -> list:
         out.insert(0, lp)
     loop_vars = [sch.get(lp).loop_var for lp in out]
     values = dict(zip((iv.var for iv in stmt.iter_vars), get_sblockrealize(sch, block).iter_values))
+    extents = [int_extent(sch, lp) for lp in out]
     for read in stmt.reads:
-        tail = read.region[len(read.region) - len(out):] if len(out) <= len(read.region) else []
-        if len(tail) != len(out) or not all(
+        n = len(read.region)
+        tail = read.region[n - len(out):] if len(out) <= n else []
+        shape = list(read.source.shape)[n - len(out):]
+        if len(tail) != len(out) or read.source.strides or not all(
                 isinstance(r.extent, tirx.IntImm) and r.extent.value == 1
                 and values.get(r.min) is not None and values[r.min].same_as(v)
                 for r, v in zip(tail, loop_vars)):
+            return out[-1:]
+        # every dim below the first spans its whole loop, or the rows are not contiguous
+        if any(not isinstance(d, tirx.IntImm) or int(d) != e
+               for d, e in zip(shape[1:], extents[1:])):
             return out[-1:]
     return out
 
@@ -126,7 +135,7 @@ def _vector_rfactor(sch, block, target):
         fused *= int_extent(sch, lp) or 0
     # A short fused row (7 x 7) spends more on the final sum of the partial vector than it
     # saves: its constant 7-long loops unroll well as they are.
-    if len(trailing) > 1 and fused >= _MIN_FUSED_VECTORS * lanes:
+    if len(trailing) > 1 and fused >= _MIN_FUSED_ELEMENTS:
         loops = [*loops[:-len(trailing)], sch.fuse(*trailing)]
     ext = int_extent(sch, loops[-1])
     if ext is None or ext < 2 * lanes:

@@ -184,13 +184,14 @@ def _table(rows: list[dict], threads: list[int], with_ort: bool,
         for column, why in r.get("failed", {}).items():
             lines.append(f"- {r['model']}: no {column} column: {why}")
     for t in threads:
-        for num in (*(s for s in ours if s.startswith("costfuse")), "tvm"):
+        for num in (*(s for s in ours if s.startswith("costfuse")),
+                    *(("tvm",) if "tvm" in ours else ())):
             variant = ("costfuse",) if num.startswith("costfuse-") and "costfuse" in ours else ()
             for den in ("none", "tvm", *variant, *peers):
                 if num == den or (num == "tvm" and den != "none"):
                     continue
                 ratios = [r["ms"][f"{den}@{t}"] / r["ms"][f"{num}@{t}"] for r in ok
-                          if f"{den}@{t}" in r["ms"]]
+                          if f"{den}@{t}" in r["ms"] and f"{num}@{t}" in r["ms"]]
                 if ratios:
                     lines.append(f"- {t} thread(s): {num} speedup over {den}: geomean "
                                  f"{geomean(ratios):.2f}x, min {min(ratios):.2f}x "

@@ -78,8 +78,7 @@ def _measure(args) -> None:
             s = measure_model(model, mod, target, work_dir, config, max_groups=args.max_groups,
                               log=lambda m: print(m, flush=True))
         # The kernels run in a worker process, so the machine's whole load is what tells a
-        # disturbed model: on a 2-vCPU host, a test run on the other core made the kernels
-        # here 2.0-2.3x slower.
+        # disturbed model: other work on the other vCPU of a small host slows them too.
         print(f"{model}: measured {s.measured}, failed {s.failed}, reused {s.reused}, "
               f"unformable {s.unformable}, views {s.views}, "
               f"skipped {s.skipped} in {s.seconds:.0f} s; the machine was busy "

@@ -128,8 +128,8 @@ def test_group_kernel_packs_constant_weights_as_a_model_build_does():
 
 
 def test_timed_kernel_is_finished_as_a_model_build_finishes_it():
-    # A model's build turns erf into vectorizable code after the rules (fast_math); a feedback
-    # loop that timed the rules' output alone timed scalar libm calls (a GELU 10x too slow).
+    # A model's build turns erf into vectorizable code after the rules (fast_math): the timed
+    # kernel must have gone through the same passes, or it times scalar libm calls.
     mod, _ = prepared("mlp_gelu")
     graph = build_graph(mod)
     func = feedback.group_kernel(mod, graph, ("matmul", "add", "gelu"))
@@ -140,19 +140,32 @@ def test_timed_kernel_is_finished_as_a_model_build_finishes_it():
     assert len(trace.insts) > 0  # the rules' schedule, which a database record replays
 
 
-def test_kernel_is_timed_on_the_targets_cores():
+def test_kernel_is_timed_on_the_targets_cores(monkeypatch):
+    from tvm_costfuse.tuning import runners
+
     mod, _ = prepared("mlp_gelu")
     graph = build_graph(mod)
     func = feedback.group_kernel(mod, graph, ("add", "gelu"))
-    target = host_target(1)
-    scheduled, _ = feedback.schedule_kernel(func, target)
     num_threads = tvm.get_global_func("runtime.NumThreads")
+    pool = tvm.get_global_func("runtime.config_threadpool")
     before = num_threads()
+    cores = 1 if before != 1 else 2
+    target = host_target(cores)
+    scheduled, _ = feedback.schedule_kernel(func, target)
+    seen = []
+    timed = runners._time_on
+
+    def spy(*args, **kwargs):
+        seen.append(num_threads())
+        return timed(*args, **kwargs)
+
+    monkeypatch.setattr(runners, "_time_on", spy)
     try:
-        build_and_time(tvm.ir.save_json(scheduled), target.export(), 1, 1, 1, 1)
-        assert num_threads() == 1
+        secs = runners.build_and_time(tvm.ir.save_json(scheduled), target.export(), 1, 1, 1, 1)
+        assert seen == [cores] and len(secs) == 1
+        assert num_threads() == before  # the caller's pool is left as it was
     finally:
-        tvm.get_global_func("runtime.config_threadpool")(1, before)
+        pool(1, before)
 
 
 def test_multi_output_kernel_is_timed_through_the_vm():

@@ -286,14 +286,37 @@ def global_avg_pool(x: T.Buffer((1, 32, 56, 56), "float32"), y: T.Buffer((1, 32,
 
 
 def test_row_reduction_vectorizes_a_mean_over_two_contiguous_axes():
-    # efficientnet's squeeze-excite means (H x W per channel) ran as one scalar add chain per
-    # channel (241 us for 32 x 112 x 112 at one thread; 24 us as one vectorized row)
+    # a mean over H and W reads one contiguous row of H * W per channel: one vectorized row,
+    # not a scalar add chain over two loops
     func = _scheduled(RowReduction(), global_avg_pool)
     assert "red_rf_update" in _block_names(func)
     vectors = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
     assert vectors and all(int(lp.extent) == 16 for lp in vectors)
     # the H and W loops are one loop of 56 * 56 / 16 vectors
     assert any(int(lp.extent) == 56 * 56 // 16 for lp in _loops(func))
+
+
+@T.prim_func(private=True, s_tir=True)
+def cropped_avg_pool(x: T.Buffer((1, 32, 58, 58), "float32"), y: T.Buffer((1, 32), "float32")):
+    red = T.sblock_alloc_buffer((1, 32))
+    for n, c, h, w in T.grid(1, 32, 56, 56):
+        with T.sblock("red"):
+            vn, vc, vh, vw = T.axis.remap("SSRR", [n, c, h, w])
+            with T.init():
+                red[vn, vc] = T.float32(0)
+            red[vn, vc] = red[vn, vc] + x[vn, vc, vh, vw]
+    for n, c in T.grid(1, 32):
+        with T.sblock("div"):
+            vn, vc = T.axis.remap("SS", [n, c])
+            y[vn, vc] = red[vn, vc] / T.float32(3136)
+
+
+def test_row_reduction_keeps_rows_apart_where_they_are_not_contiguous():
+    # 56 of each 58-wide row: the H and W loops stay two, the vector runs along W
+    func = _scheduled(RowReduction(), cropped_avg_pool)
+    assert not any(int(lp.extent) == 56 * 56 // 16 for lp in _loops(func))
+    vectors = [lp for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
+    assert vectors and all(int(lp.extent) == 16 for lp in vectors)
 
 
 def test_costly_producer_read_twice_is_not_inlined():

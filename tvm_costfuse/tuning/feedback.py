@@ -135,9 +135,9 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
 def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     """(scheduled PrimFunc, trace) from our CPU rules, or dlight's GPU rules on a CUDA target,
     first that applies wins (as dlight's ApplyDefaultSchedule); (func, empty trace) when none
-    applies. On a CPU the kernel then goes through ``finish_pass`` as in a model's build, so
-    what is timed is the kernel the model runs; the trace is the rules' alone (a database
-    record replays it, and the build finishes it the same way)."""
+    applies. On a CPU the kernel, scheduled or not, then goes through ``finish_pass`` as in a
+    model's build, so what is timed is the kernel the model runs; the trace is the rules'
+    alone (a database record replays it, and the build finishes it the same way)."""
     if target.kind.name == "cuda":
         candidates = [GuardedRule(r) for r in gpu_rules()]
     else:

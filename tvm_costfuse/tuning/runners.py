@@ -174,10 +174,16 @@ def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
     # TVM's pool starts with a thread per CPU this process may run on; the kernel was built
     # for the target's cores and is timed on as many, as the model's build would run it.
     cores = int(_tvm.target.Target(target_json).attrs.get("num-cores", 0) or 0)
+    pool = _tvm.get_global_func("runtime.config_threadpool")
+    before = _tvm.get_global_func("runtime.NumThreads")()
     if cores:
-        _tvm.get_global_func("runtime.config_threadpool")(1, cores)
-    return _time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number, repeat,
-                    min_repeat_ms)
+        pool(1, cores)
+    try:
+        return _time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number, repeat,
+                        min_repeat_ms)
+    finally:
+        if cores:
+            pool(1, before)
 
 
 def build_and_time_rpc(func_json: str, target_json: dict, number: int, repeat: int,
