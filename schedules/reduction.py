@@ -17,6 +17,7 @@ from ._common import (
     root_blocks,
     selects_loads,
     simplify_indices,
+    uses,
     vector_lanes,
     vector_tile,
 )
@@ -68,7 +69,7 @@ def _binds_one_reduction(sch, block, loop) -> bool:
     var = sch.get(loop).loop_var
     bound = [(iv, value) for iv, value in
              zip(sch.get(block).iter_vars, get_sblockrealize(sch, block).iter_values)
-             if _uses(value, var)]
+             if uses(value, var)]
     return (len(bound) == 1 and bound[0][0].iter_type == tirx.IterVar.CommReduce
             and bound[0][1].same_as(var))
 
@@ -127,9 +128,9 @@ def _vector_rfactor(sch, block, target):
         return None
     loops = sch.get_loops(block)
     lanes = vector_lanes(target, dtypes.pop())
-    if not loops or not _binds_one_reduction(sch, block, loops[-1]):
+    trailing = _contiguous_reduction_loops(sch, block)  # empty: the last loop is no reduction
+    if not trailing:
         return None
-    trailing = _contiguous_reduction_loops(sch, block)
     fused = 1
     for lp in trailing:
         fused *= int_extent(sch, lp) or 0
@@ -154,7 +155,7 @@ def _first_reduction_loop(sch, block):
     reduce_values = [value for iv, value in zip(stmt.iter_vars, realize.iter_values)
                      if iv.iter_type == tirx.IterVar.CommReduce]
     return next(lp for lp in sch.get_loops(block)
-                if any(_uses(value, sch.get(lp).loop_var) for value in reduce_values))
+                if any(uses(value, sch.get(lp).loop_var) for value in reduce_values))
 
 
 def _row_loop(sch, block, n):
@@ -188,12 +189,6 @@ def _parallel_rows(sch):
     return s_tir.Schedule(func.with_body(new_realize))
 
 
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v.same_as(var))))
-    return any(found)
-
-
 def reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``a / b`` as ``a * (1 / b)`` in spatial blocks where ``b`` is constant along the row.
 
@@ -208,7 +203,7 @@ def reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
         col = block.iter_vars[-1].var
 
         def div(node):
-            if "float" not in str(node.ty) or not _uses(node.a, col) or _uses(node.b, col):
+            if "float" not in str(node.ty) or not uses(node.a, col) or uses(node.b, col):
                 return node
             one = tirx.FloatImm(str(node.ty), 1.0)
             return tirx.Mul(node.a, tirx.Div(one, node.b))
