@@ -93,8 +93,9 @@ def _predictors(train: list[dict], desc, min_records: int, seeds: int):
 
     measured_model = MeasuredModel.from_rows(train)
 
-    def measured(r):
-        return measured_model(_features_of(r), desc).seconds, True
+    def measured(r):  # confident where a measurement answers
+        e = measured_model(_features_of(r), desc)
+        return e.seconds, "measured" in e.breakdown
 
     def learned_of(model):
         def predict(r):
@@ -134,8 +135,10 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
         pair_list = [p for v in sorted({r["model"] for r in held})
                      for p in evaluation.pairs([r for r in held if r["model"] == v])]
         a = evaluation.decide(pair_list, analytical, margin=args.margin)
-        xs = [evaluation.decide(pair_list, f) for f in learned]
-        m = evaluation.decide(pair_list, measured)
+        # A decision the trees (or measurements) do not answer whole is the analytical
+        # model's, as in the planner (``analytical.one_footing``).
+        xs = [evaluation.decide(pair_list, f, analytical) for f in learned]
+        m = evaluation.decide(pair_list, measured, analytical)
         ta, tx = evaluation.times(held, analytical), evaluation.times(held, learned[0])
         print(f"{unit:<20}{len(held):>7}{a.pairs:>6}{_pct(a.fuse_share):>7}"
               f"{_pct(a.best_trivial):>10}{_pct(a.accuracy):>8}{_pct(a.coverage):>7}"
@@ -217,7 +220,7 @@ def _in_model_table(records: list[dict], real: list[dict], unit_of, desc, args) 
             args.seeds)
         pairs = evaluation.in_model_pairs(held)
         a = evaluation.decide(pairs, analytical)
-        xs = [evaluation.decide(pairs, f) for f in learned]
+        xs = [evaluation.decide(pairs, f, analytical) for f in learned]
         both = []
         for r in held:
             rows = [isolated.get((r["model"], frozenset(r[k]["members"])))

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tvm_costfuse import FusionConfig, build_graph, plan_exact, plan_greedy
-from tvm_costfuse.cost import group_features
+from tvm_costfuse.cost import Estimate, estimate, group_features
+from tvm_costfuse.cost.analytical import one_footing
 from tvm_costfuse.graph import OpGraph, OpPattern
 from tvm_costfuse.planner import initial_units, plan_cost
 from tvm_costfuse.quotient import Quotient
@@ -262,3 +263,41 @@ def test_shifted_window_attention_plan_is_convex(target) -> None:
     graph = build_graph(prepare(load_torch(net, (torch.randn(1, 8, 8, 16),))[0]))
     assert not all(n.fusable for n in graph.nodes)
     _assert_contracts_to_a_dag(graph, plan_greedy(graph, target, FusionConfig()).groups)
+
+
+def _slow_unions(correct_singles: bool):
+    """A model whose 'trees' price every merged group at 3x the analytical time, and every
+    single op at its analytical time, as a correction (``correct_singles``) or a fallback."""
+    def model(f, target, register_budget=None):
+        e = estimate(f, target, register_budget)
+        if f.chain_length > 1 or correct_singles:
+            s = e.seconds * (3.0 if f.chain_length > 1 else 1.0)
+            return Estimate(s, {"learned": s, "analytical": e.seconds}, e.registers,
+                            e.spill_bytes, 0.8)
+        return Estimate(e.seconds, {**e.breakdown, "fallback": 1.0}, e.registers,
+                        e.spill_bytes, 0.1)
+    return model
+
+
+def test_a_merge_is_weighed_on_one_footing() -> None:
+    # The trees answer the unions but not the parts: the merge is decided on the analytical
+    # times of all three, not on a corrected union against uncorrected parts.
+    graph = build_graph(prepared("rmsnorm", small=False)[0])
+    analytical = plan_greedy(graph, HOST, FusionConfig())
+    assert analytical.kernels() == 1
+    mixed = plan_greedy(graph, HOST, FusionConfig(), model=_slow_unions(False))
+    assert mixed.groups == analytical.groups
+    # Where the trees answer every group, their times decide: no merge pays.
+    learned = plan_greedy(graph, HOST, FusionConfig(), model=_slow_unions(True))
+    assert learned.groups == ()
+    assert learned.kernels() == len(graph.call_tir_names())
+
+
+def test_one_footing_reads_analytical_times_only_when_sources_mix() -> None:
+    corrected = Estimate(2.0, {"learned": 2.0, "analytical": 1.0})
+    plain = Estimate(5.0, {"memory": 5.0})
+    view = Estimate(0.0, {})
+    assert one_footing([corrected, corrected]) == [2.0, 2.0]
+    assert one_footing([plain, plain]) == [5.0, 5.0]
+    assert one_footing([corrected, view]) == [2.0, 0.0]
+    assert one_footing([corrected, plain, view]) == [1.0, 5.0, 0.0]

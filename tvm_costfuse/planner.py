@@ -18,7 +18,7 @@ import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .cost.analytical import Estimate, estimate
+from .cost.analytical import Estimate, estimate, one_footing
 from .cost.extract import group_features
 from .cost.features import GroupFeatures
 from .graph import OpGraph
@@ -163,6 +163,12 @@ def _key(q: Quotient, g: int) -> tuple[str, ...]:
     return tuple(sorted(q.members[g], key=q.index.__getitem__))
 
 
+def _gain(parts: list[Estimate], union: Estimate) -> float:
+    """Seconds a merge saves, its parts and union priced on one footing (``one_footing``)."""
+    *apart, fused = one_footing([*parts, union])
+    return sum(apart) - fused
+
+
 def plan_greedy(
     graph: OpGraph,
     target,
@@ -186,8 +192,7 @@ def plan_greedy(
         if a in fixed or b in fixed:
             return
         ua, ub = q.members[a], q.members[b]
-        gain = (price.estimate(ua).seconds + price.estimate(ub).seconds
-                - price.estimate(ua | ub).seconds)
+        gain = _gain([price.estimate(ua), price.estimate(ub)], price.estimate(ua | ub))
         order = min(q.lo[a], q.lo[b])
         heapq.heappush(heap, (-gain, order, next(counter), kind, a, b, ua, ub, ()))
         if kind == "vertical" and gain <= 0:
@@ -218,8 +223,7 @@ def plan_greedy(
             return
         parts = [first, *chain, last]
         union = frozenset().union(*(q.members[g] for g in parts))
-        gain = (sum(price.estimate(q.members[g]).seconds for g in parts)
-                - price.estimate(union).seconds)
+        gain = _gain([price.estimate(q.members[g]) for g in parts], price.estimate(union))
         kind = price.features[union].schedule_on(target.kind)
         walks = _THROUGH_VIEWS["cuda" if target.kind == "cuda" else "cpu"]
         if gain > 0 and kind in walks:

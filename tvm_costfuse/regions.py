@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from .cost.analytical import one_footing
 from .graph import OpGraph
 from .planner import Pricer, initial_units
 from .quotient import Quotient
@@ -61,8 +62,9 @@ def cheaper_by_region(graph: OpGraph, price: Pricer, groups: Iterable[Sequence[s
     for mine, other in regions:
         if {n for u in mine for n in u} != {n for u in other for n in u}:
             continue  # not the same ops (an op one side leaves to FuseOps): not comparable
-        cost_mine = sum(price.estimate(u).seconds for u in mine)
-        cost_other = sum(price.estimate(u).seconds for u in other)
+        # Both sides on one footing (``one_footing``): a decision, like a merge.
+        seconds = one_footing([price.estimate(u) for u in (*mine, *other)])
+        cost_mine, cost_other = sum(seconds[:len(mine)]), sum(seconds[len(mine):])
         if cost_other >= cost_mine or not all(price.verdict(u) for u in other if len(u) > 1):
             continue
         trial = (parts - set(mine)) | set(other)

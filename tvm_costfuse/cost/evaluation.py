@@ -6,8 +6,9 @@ A *pair* is one fusion decision reconstructed from one model's measured groups: 
 faster than the two apart. A model decides a pair when it is confident in all three times and
 its predicted gain is at least ``margin`` of the unfused time; otherwise it abstains, which is
 counted in its coverage rather than as a guess. Accuracy over all pairs answers an abstention
-with the model's own times, confident or not: what the planner sees (the learned model prices
-the groups it falls back on analytically), so that accuracy and coverage are both honest.
+as the planner would: a learned or measured model that is not confident in all three times
+falls back to the analytical model for all three (``analytical.one_footing``), the analytical
+model itself keeps its own times; so accuracy and coverage are both honest.
 
 Accuracy alone flatters a model on a set where most pairs go one way: "always fuse" and
 "never fuse" are printed beside it, and a model is only useful where it beats the better one.
