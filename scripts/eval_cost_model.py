@@ -81,7 +81,8 @@ def _measure(args) -> None:
         # disturbed model: other work on the other vCPU of a small host slows them too.
         print(f"{model}: measured {s.measured}, failed {s.failed}, reused {s.reused}, "
               f"unformable {s.unformable}, views {s.views}, "
-              f"skipped {s.skipped} in {s.seconds:.0f} s; the machine was busy "
+              f"skipped {s.skipped}, re-timed (recorded for other kernels) {s.stale} in "
+              f"{s.seconds:.0f} s; the machine was busy "
               f"{load.all_cores:.2f} cores (this measurement's share: about "
               f"{int(target.attrs.get('num-cores', 1))})", flush=True)
 

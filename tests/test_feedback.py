@@ -23,6 +23,7 @@ from tvm_costfuse.tuning.feedback import (
     measure_model,
 )
 from tvm_costfuse.tuning.runners import check_rpc_tracker
+from tvm_costfuse.tuning.versions import KERNEL_SOURCES, digest, kernel_version
 
 GROUPS = [("matmul",), ("add",), ("matmul", "add")]
 FAST = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=120)
@@ -61,6 +62,35 @@ def test_measure_writes_records_jsondatabase_loads_and_rerun_is_resumable(tmp_pa
     other = _measure(tmp_path, model="mlp_gelu_copy")  # same kernels, another model's name
     assert (other.measured, other.reused) == (0, 3)
     assert len(ms.database.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()) == 3
+
+
+def test_kernel_version_follows_the_code_and_tvm(tmp_path):
+    assert any(p.parent.name == "schedules" and p.name == "gemm.py" for p in KERNEL_SOURCES)
+    assert all(p.exists() for p in KERNEL_SOURCES)
+    rule = tmp_path / "rule.py"
+    rule.write_text("TILE = 8\n")
+    before = digest([rule], "0.27.0")
+    assert digest([rule], "0.27.0") == before
+    assert digest([rule], "0.28.0") != before
+    rule.write_text("TILE = 16\n")
+    assert digest([rule], "0.27.0") != before
+
+
+def test_rows_timed_on_other_kernels_are_measured_again(tmp_path, monkeypatch):
+    first = _measure(tmp_path)
+    assert first.measured == 3, first.errors
+    assert {r["kernels"] for r in GroupDatabase(tmp_path).rows()} == {kernel_version()}
+    # The schedule code changed since (another digest): neither the group's row nor, for
+    # another model, the workload's row is a label for the kernels built now.
+    monkeypatch.setattr(feedback, "kernel_version", lambda: "another-kernel")
+    again = _measure(tmp_path)
+    assert (again.measured, again.skipped, again.stale) == (3, 0, 3), again.errors
+    rows = GroupDatabase(tmp_path).rows()
+    assert len(rows) == 3 and {r["kernels"] for r in rows} == {"another-kernel"}
+    assert _measure(tmp_path).skipped == 3
+    monkeypatch.setattr(feedback, "kernel_version", lambda: "a-third-kernel")
+    other = _measure(tmp_path, model="mlp_gelu_copy")
+    assert (other.measured, other.reused) == (3, 0)
 
 
 def test_builder_failure_becomes_failed_record(tmp_path, monkeypatch):

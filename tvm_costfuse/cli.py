@@ -225,6 +225,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "
           f"already recorded {summary.skipped}, unformable {summary.unformable}, "
           f"views {summary.views}"
+          + (f", {summary.stale} of the measured recorded before for other kernels"
+             if summary.stale else "")
           + (f", compiled and ptxas-profiled but not timed (no GPU) {summary.untimed}"
              if summary.untimed else "")
           + (f", {summary.environment} of the failures environmental (measured again next "

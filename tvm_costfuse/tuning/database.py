@@ -185,17 +185,23 @@ class GroupDatabase:
     def has_workload(self, whash: str) -> bool:
         return whash in self._hashes
 
-    def has_group(self, model: str, members: tuple[str, ...]) -> bool:
+    def has_group(self, model: str, members: tuple[str, ...], kernels: str | None = None
+                  ) -> bool:
         """Whether the group has a record: a measurement, or a failure of the kernel (a
-        failure of the environment does not count: it is measured again)."""
+        failure of the environment does not count: it is measured again); with ``kernels``,
+        one stamped with that kernel version (``versions.kernel_version``)."""
         row = self._current.get((model, tuple(members)))
-        return row is not None and not _environmental(row)
+        return (row is not None and not _environmental(row)
+                and (kernels is None or row.get("kernels") == kernels))
 
-    def row_for_hash(self, whash: str, timed: bool = False) -> dict | None:
+    def row_for_hash(self, whash: str, timed: bool = False, kernels: str | None = None
+                     ) -> dict | None:
         """The first measured row of a workload (its run times); with ``timed``, the first
-        that has run times (a CUDA kernel compiled without a GPU has none)."""
+        that has run times (a CUDA kernel compiled without a GPU has none); with ``kernels``,
+        the first stamped with that kernel version."""
         return next((r for r in self._current.values() if r["workload_hash"] == whash
-                     and r["measured"] and (r["run_secs"] or not timed)), None)
+                     and r["measured"] and (r["run_secs"] or not timed)
+                     and (kernels is None or r.get("kernels") == kernels)), None)
 
     def is_untimed(self, model: str, members: tuple[str, ...]) -> bool:
         """Whether the group was recorded without run times."""

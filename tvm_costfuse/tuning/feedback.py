@@ -15,6 +15,10 @@ bytes are stored with every record, GPU or not; the kernel is timed the same way
 one is present, and otherwise recorded untimed (``run_secs`` empty, ``not_timed`` says why), which
 the learned model does not train on.
 
+Every row is stamped with ``versions.kernel_version()`` (a digest of the code that forms,
+schedules and times the kernel): a group or workload recorded under another stamp is measured
+again, since its time is of another kernel.
+
 Build and run happen in a worker process (TVM's ``PopenPoolExecutor``) under a timeout, as
 meta-schedule's LocalBuilder/LocalRunner do: a crash, an exception or a timeout fails that
 candidate and the session goes on. A failure of the kernel's build or run is a record
@@ -62,6 +66,7 @@ from .runners import (
     build_and_time_rpc,
     check_rpc_tracker,
 )
+from .versions import kernel_version
 
 __all__ = ["MeasureConfig", "MeasureSummary", "build_and_profile_cuda", "candidate_groups",
            "group_kernel", "measure_model"]
@@ -76,6 +81,7 @@ class MeasureSummary:
     failed: int = 0
     reused: int = 0  # workload already recorded (same kernel seen before): not re-measured
     skipped: int = 0  # (model, group) already recorded
+    stale: int = 0  # (model, group) recorded for other kernels (``versions``): measured again
     unformable: int = 0  # the planner weighed it but apply_partition rejects it (not convex)
     untimed: int = 0  # CUDA without a GPU: compiled and ptxas-profiled, not timed
     views: int = 0  # a lone reshape: TVM runs it as a view, there is no kernel to time
@@ -248,17 +254,20 @@ def measure_model(
 def _measure_all(db, model, graph, prep, marked, cands, target, config, runner, gpu,
                  summary: MeasureSummary, log) -> None:
     """The measuring loop of :func:`measure_model` (holding the database's lock)."""
+    kernels = kernel_version()
     try:
         for members in cands:
             if db.has_group(model, members) and not (gpu and db.is_untimed(model, members)):
-                summary.skipped += 1
-                continue
+                if db.has_group(model, members, kernels):
+                    summary.skipped += 1
+                    continue
+                summary.stale += 1
             features = group_features(graph, members)
             if features.is_view:
                 summary.views += 1  # timing it as a copy kernel would be a wrong label
                 log(f"  {model} {'+'.join(members)}: a view in the model, not a kernel")
                 continue
-            row = feature_row(model, graph, members, features)
+            row = {**feature_row(model, graph, members, features), "kernels": kernels}
             try:
                 func, n_out = group_kernel_and_outputs(prep, graph, members, marked)
             except Exception as err:  # noqa: BLE001 -- a group that cannot form one kernel
@@ -267,9 +276,9 @@ def _measure_all(db, model, graph, prep, marked, cands, target, config, runner, 
                 log(f"  {model} {'+'.join(members)}: could not form the kernel: {err}")
                 continue
             whash = workload_hash(func)
-            old = db.row_for_hash(whash, timed=gpu) if db.has_workload(whash) else None
+            old = (db.row_for_hash(whash, timed=gpu, kernels=kernels)
+                   if db.has_workload(whash) else None)
             if old is not None:
-                extra = {k: old[k] for k in ("ptxas", "not_timed") if k in old}
                 extra = {k: old[k] for k in ("ptxas", "not_timed", "failure") if k in old}
                 db.append_row({**row, **extra, "workload_hash": whash, "measured": False,
                                "run_secs": old.get("run_secs", [FAILED_RUN_SECS]),

@@ -1,0 +1,54 @@
+"""Which kernels a measured row timed: a digest of the code that forms, schedules and times them.
+
+A row of ``features.jsonl`` is a label only for the kernel it timed. When the schedule rules,
+the passes that finish a kernel, the way a group becomes one kernel or the way it is timed
+change, the same group (and the same workload hash: the hash is of the *unscheduled* PrimFunc)
+runs another kernel, and its old time is a wrong label. The feedback loop stamps every row it
+writes with :func:`kernel_version` and reuses a row, by group or by workload, only when the
+stamp matches; a row without one (measured before stamps existed) is measured again.
+
+Why a digest of the source and not a number kept by hand: a number is bumped only when someone
+remembers that a change alters the kernels (the labels timed unfinished kernels for days that
+way, docs/benchmarks.md). A digest re-measures after every edit of these files, comments
+included: a wasted measurement is cheaper than a wrong label.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import tvm
+
+from .. import schedules
+
+__all__ = ["KERNEL_SOURCES", "digest", "kernel_version"]
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+_SCHEDULES = Path(schedules.__file__).resolve().parent  # schedules/ at the top of the repo
+# What decides the kernel a row timed, beside the installed TVM: the schedule rules and the
+# passes after them, how a group becomes one PrimFunc (feedback, partition), how it is built
+# and timed (runners, measurement/timing).
+KERNEL_SOURCES = (
+    *sorted(_SCHEDULES.glob("*.py")),
+    _PACKAGE / "tuning" / "feedback.py",
+    _PACKAGE / "tuning" / "runners.py",
+    _PACKAGE / "partition.py",
+    _PACKAGE / "measurement" / "timing.py",
+)
+
+
+def digest(paths, tvm_version: str = tvm.__version__) -> str:
+    """12 hex digits of sha256 over the TVM version and each file's name and bytes."""
+    h = hashlib.sha256(tvm_version.encode())
+    for path in paths:
+        h.update(Path(path).name.encode())
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:12]
+
+
+@functools.cache
+def kernel_version() -> str:
+    """The digest of :data:`KERNEL_SOURCES` with the installed TVM's version."""
+    return digest(KERNEL_SOURCES)
