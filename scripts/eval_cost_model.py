@@ -16,7 +16,8 @@ held-out family's measured groups (``cost.evaluation``):
   larger than the spread of their repeated runs: ``evaluation.Pair.clear``); coverage and
   accuracy on the decided
   pairs when the model may abstain (the learned model where it falls back, the analytical one
-  below a predicted gain of ``--margin``);
+  below a predicted gain of ``--margin``); the share of the measured seconds at stake in
+  the pairs decided right (``Decisions.stake_accuracy``: what end-to-end time weighs);
 - Kendall tau and the predicted / measured time ratio (p10, median, p90) over the groups;
 - the measured cost model (``cost.measured``: a held-out group another model measured priced
   by that measurement, the rest analytically).
@@ -123,12 +124,14 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
     head = (f"{title:<20}{'groups':>7}{'pairs':>6}{'fuse%':>7}{'best triv':>10}"
             f"{'analyt':>8}{'cov@m':>7}{'dec acc':>8}{'xgb mean+-std':>15}{'xgb cov':>8}"
             f"{'xgb dec':>8}{'meas':>7}{'tau a':>7}{'tau x':>7}{'a/meas p10 p50 p90':>20}"
-            f"{'x/meas p50':>11}{'clear%':>7}{'a clear':>8}{'x clear':>8}")
+            f"{'x/meas p50':>11}{'clear%':>7}{'a clear':>8}{'x clear':>8}{'a stake':>8}"
+            f"{'x stake':>8}")
     print(head)
     print("-" * len(head))
     pooled: dict[str, list] = {"n": [], "fuse": [], "a": [], "a_cov": [], "a_dec": [],
                                "x": [], "x_cov": [], "x_dec": [], "m": [], "clear": [],
-                               "a_clear": [], "x_clear": []}
+                               "a_clear": [], "x_clear": [], "stake_s": [], "a_stake": [],
+                               "x_stake": []}
     all_meas, all_a, all_x = [], [], []
     for unit, held in held_out.items():
         analytical, measured, learned = _predictors(train_for(unit), desc, args.min_records,
@@ -148,14 +151,18 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
               f"{_pct(m.accuracy):>7}{ta.tau:>7.2f}{tx.tau:>7.2f}"
               f"{ta.ratio_p10:>8.2f}{ta.ratio_median:>6.2f}{ta.ratio_p90:>6.2f}"
               f"{tx.ratio_median:>11.2f}{_pct(a.clear_share):>7}{_pct(a.clear_accuracy):>8}"
-              f"{_pct(np.mean([x.clear_accuracy for x in xs])):>8}")
+              f"{_pct(np.mean([x.clear_accuracy for x in xs])):>8}{_pct(a.stake_accuracy):>8}"
+              f"{_pct(np.mean([x.stake_accuracy for x in xs])):>8}")
         if a.pairs:
             for key, value in (("n", a.pairs), ("fuse", a.fuse_share), ("a", a.accuracy),
                                ("a_cov", a.coverage), ("a_dec", a.decided_accuracy),
                                ("x", [x.accuracy for x in xs]), ("x_cov", xs[0].coverage),
                                ("x_dec", xs[0].decided_accuracy), ("m", m.accuracy),
                                ("clear", a.clear_share), ("a_clear", a.clear_accuracy),
-                               ("x_clear", np.mean([x.clear_accuracy for x in xs]))):
+                               ("x_clear", np.mean([x.clear_accuracy for x in xs])),
+                               ("stake_s", sum(p.stake for p in pair_list) / a.pairs),
+                               ("a_stake", a.stake_accuracy),
+                               ("x_stake", np.mean([x.stake_accuracy for x in xs]))):
                 pooled[key].append(value)
         all_meas += [measured_seconds(r) for r in held]
         all_a += [analytical(r)[0] for r in held]
@@ -181,11 +188,12 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
           f"{_pct(pool('x_dec')):>8}{_pct(pool('m')):>7}"
           f"{kendalltau(all_meas, all_a).statistic:>7.2f}"
           f"{kendalltau(all_meas, all_x).statistic:>7.2f}{'':>31}{_pct(pool('clear')):>7}"
-          f"{_pct(pool('a_clear', 'clear')):>8}{_pct(pool('x_clear', 'clear')):>8}")
+          f"{_pct(pool('a_clear', 'clear')):>8}{_pct(pool('x_clear', 'clear')):>8}"
+          f"{_pct(pool('a_stake', 'stake_s')):>8}{_pct(pool('x_stake', 'stake_s')):>8}")
     print(f"(xgb: {args.seeds} training seeds, mean +- std; coverage and decided accuracy of "
           f"seed 0; analytical abstains below a predicted gain of {args.margin:.0%}; clear: "
           "pairs whose measured gain exceeds their runs' spread, accuracy there, xgb over "
-          "the seeds)\n")
+          "the seeds; stake: the share of the measured seconds at stake decided right)\n")
 
 
 def _label(args) -> None:

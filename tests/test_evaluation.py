@@ -63,6 +63,22 @@ def test_clear_pairs_are_those_whose_gain_exceeds_the_runs_spread() -> None:
     assert (d.accuracy, d.clear_share, d.clear_accuracy) == (0.5, 0.5, 1.0)
 
 
+def test_stake_weighted_accuracy_weighs_each_pair_by_the_time_it_decides() -> None:
+    # a+b: 2 + 2 - 3 = 1 s at stake; c+d: |2 + 2 - 5| = 1 s; e+f: |1 + 1 - 1.5| = 0.5 s.
+    rows = [*ROWS, _row("e", 1.0), _row("f", 1.0), _row("ef", 1.5)]
+    pairs = {"".join(p.left["members"]): p for p in evaluation.pairs(rows)}
+    assert [pairs[k].stake for k in "ace"] == [1.0, 1.0, 0.5]
+    # Right on a+b and c+d, wrong on e+f: 2 of 3 pairs, 2 of the 2.5 s at stake.
+    d = evaluation.decide(list(pairs.values()),
+                          _model({"a": 2, "b": 2, "ab": 3, "c": 2, "d": 2, "cd": 5,
+                                  "e": 1, "f": 1, "ef": 3}))
+    assert d.accuracy == pytest.approx(2 / 3) and d.stake_accuracy == pytest.approx(0.8)
+    record = {"left": ROWS[0], "right": ROWS[1], "union": ROWS[2], "fused_s": 1.0,
+              "split_s": 1.25}
+    (in_model,) = evaluation.in_model_pairs([record])
+    assert in_model.fuse_wins and in_model.stake == pytest.approx(0.25)
+
+
 def test_times_rank_and_ratio() -> None:
     doubled = evaluation.times(ROWS, lambda r: (2 * sum(r["run_secs"]) / 3, True))
     assert doubled.tau == pytest.approx(1.0)

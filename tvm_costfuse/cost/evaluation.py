@@ -17,6 +17,13 @@ A label is only as sure as its timings: a pair is *clear* when its measured gain
 larger than the spread of the repeated runs behind it (``Pair.noise``); on the others the
 repeats disagree by more than the decision is worth, and either answer may be the right one.
 Accuracy on the clear pairs is reported beside accuracy on all of them, never instead.
+
+Every pair counts once in the accuracy, whatever it is worth; a plan's time is the sum of what
+its decisions are worth. The *stake* of a pair is the measured time it puts at stake
+(|left + right - union|, or the in-model split and fused times' difference), and the
+stake-weighted accuracy is the share of all stakes a model decides right: what end-to-end
+time sees. On the corpus most pairs are cheap and most stakes sit in a few contractions and
+attention groups, which is where the learned model seldom answers (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -42,12 +49,22 @@ class Pair:
     right: dict
     union: dict
     in_model: bool | None = None
+    in_model_stake: float | None = None  # |split - fused| seconds inside the model
 
     @property
     def gain(self) -> float:
         """Measured (left + right - union) / (left + right) of the isolated timings."""
         parts = measured_seconds(self.left) + measured_seconds(self.right)
         return (parts - measured_seconds(self.union)) / parts
+
+    @property
+    def stake(self) -> float:
+        """Seconds the decision is worth: |left + right - union| of the isolated timings, or
+        the in-model difference where that label was measured."""
+        if self.in_model_stake is not None:
+            return self.in_model_stake
+        return abs(measured_seconds(self.left) + measured_seconds(self.right)
+                   - measured_seconds(self.union))
 
     @property
     def noise(self) -> float:
@@ -72,8 +89,8 @@ class Pair:
 
 def in_model_pairs(records: Sequence[dict]) -> list[Pair]:
     """``tuning.in_model`` records as pairs labelled by the in-model times."""
-    return [Pair(r["left"], r["right"], r["union"], r["fused_s"] < r["split_s"])
-            for r in records]
+    return [Pair(r["left"], r["right"], r["union"], r["fused_s"] < r["split_s"],
+                 abs(r["split_s"] - r["fused_s"])) for r in records]
 
 
 def pairs(rows: Sequence[dict]) -> list[Pair]:
@@ -101,6 +118,7 @@ class Decisions:
     decided_accuracy: float  # accuracy on the decided pairs (NaN when none)
     clear_share: float = float("nan")  # of pairs whose label exceeds its runs' spread
     clear_accuracy: float = float("nan")  # accuracy on those (NaN when none)
+    stake_accuracy: float = float("nan")  # share of the pairs' stakes decided right
 
     @property
     def best_trivial(self) -> float:
@@ -113,6 +131,7 @@ def decide(pair_list: Sequence[Pair], predict: Predictor, fallback: Predictor | 
     (default: ``predict``'s own times, ignoring confidence) answers the abstentions."""
     fallback = fallback or predict
     right = decided = decided_right = clear = clear_right = 0
+    stake = stake_right = 0.0
     for p in pair_list:
         (u, cu), (a, ca), (b, cb) = (predict(r) for r in (p.union, p.left, p.right))
         sure = cu and ca and cb and abs(a + b - u) >= margin * (a + b)
@@ -124,6 +143,8 @@ def decide(pair_list: Sequence[Pair], predict: Predictor, fallback: Predictor | 
             fu, fa, fb = (fallback(r)[0] for r in (p.union, p.left, p.right))
             ok = (fu < fa + fb) == p.fuse_wins
         right += ok
+        stake += p.stake
+        stake_right += ok * p.stake
         if p.clear:
             clear += 1
             clear_right += ok
@@ -132,7 +153,8 @@ def decide(pair_list: Sequence[Pair], predict: Predictor, fallback: Predictor | 
     nan = float("nan")
     return Decisions(n, fuse / n if n else nan, right / n if n else nan,
                      decided / n if n else nan, decided_right / decided if decided else nan,
-                     clear / n if n else nan, clear_right / clear if clear else nan)
+                     clear / n if n else nan, clear_right / clear if clear else nan,
+                     stake_right / stake if stake else nan)
 
 
 @dataclass(frozen=True)
