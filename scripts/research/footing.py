@@ -14,7 +14,10 @@ in each bucket; then the pooled accuracy of ways to answer a decision:
   (shrunk toward 1 by n / (n + 10)): can a cheaper correction of the fallback remove the bias?
 - ``one footing``: the trees' times where they answer all three, else the analytical three
   (what the planner and the evaluation do now);
-- ``one footing, class-corrected``: the same with the corrected fallback.
+- ``one footing, class-corrected``: the same with the corrected fallback;
+
+and the measured seconds at stake (``evaluation.Pair.stake``) in all pairs and in those whose
+three groups the trees answer.
 
     taskset -c 1 python scripts/research/footing.py [tuning_logs/llvm-rocketlake/groups]
 """
@@ -57,7 +60,7 @@ def main() -> None:
     logging.disable(logging.WARNING)
     desc = for_target(host_target())
     rows = _rows(sys.argv[1] if len(sys.argv) > 1 else "tuning_logs/llvm-rocketlake/groups")
-    total, n = collections.Counter(), 0
+    total, total_stake, n = collections.Counter(), collections.Counter(), 0
     for family in sorted({models.family(r["model"]) for r in rows}):
         held = [r for r in rows if models.family(r["model"]) == family]
         train = [r for r in rows if models.family(r["model"]) != family]
@@ -72,6 +75,7 @@ def main() -> None:
 
         buckets = collections.defaultdict(lambda: [0, 0, 0])
         right = collections.Counter()
+        stake = {"all": 0.0, "trees answer all three": 0.0}
         pairs = [p for m in sorted({r["model"] for r in held})
                  for p in evaluation.pairs([r for r in held if r["model"] == m])]
         for p in pairs:
@@ -86,6 +90,8 @@ def main() -> None:
                                                  else [k for _, _, _, k in t]),
             }
             ok = {w: (u < a + b) == p.fuse_wins for w, (u, a, b) in ways.items()}
+            stake["all"] += p.stake
+            stake["trees answer all three"] += whole * p.stake
             right.update(w for w, v in ok.items() if v)
             b = buckets[sum(c for _, c, _, _ in t)]
             b[0], b[1], b[2] = b[0] + 1, b[1] + ok["mixed"], b[2] + ok["analytical"]
@@ -93,9 +99,13 @@ def main() -> None:
               "analytical right): " + ", ".join(f"{k}: {v[0]} / {v[1]} / {v[2]}"
                                                 for k, v in sorted(buckets.items())))
         print("  " + ", ".join(f"{w} {100 * v / len(pairs):.1f}" for w, v in right.items()))
+        print("  seconds at stake: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in stake.items()))
         total.update(right)
+        total_stake.update(stake)
         n += len(pairs)
     print(f"pooled ({n} pairs): " + ", ".join(f"{w} {100 * v / n:.1f}" for w, v in total.items()))
+    print("seconds at stake: " + ", ".join(f"{k} {v * 1e3:.1f} ms"
+                                           for k, v in total_stake.items()))
 
 
 if __name__ == "__main__":
