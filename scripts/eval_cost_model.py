@@ -24,6 +24,9 @@ held-out family's measured groups (``cost.evaluation``):
 Then the same on each measured synthetic program (``synth-<seed>``, never trained on by
 default); ``--train-synthetic`` adds the other programs to every training set.
     python scripts/eval_cost_model.py evaluate [--by family|architecture] [--seeds 5]
+pairs: time each candidate decision's three kernels (left, right, union) side by side, in
+rounds (``tuning.side_by_side``); ``evaluate`` then also scores every model on these labels:
+    taskset -c 1 python scripts/eval_cost_model.py pairs --size full --models bert --max-pairs 10
 label: time each final decision of CostFuse's plan inside the whole model, fused and split
 with the rest of the plan fixed (``tuning.in_model``); ``evaluate`` then also scores every
 model on these in-model labels, and says how often the isolated timings agree with them:
@@ -56,7 +59,7 @@ from tvm_costfuse.measurement.quiet import OtherLoad
 from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.transform import plan_module
-from tvm_costfuse.tuning import in_model
+from tvm_costfuse.tuning import in_model, side_by_side
 from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
 from tvm_costfuse.tuning.feedback import MeasureConfig, measure_model
 
@@ -86,6 +89,27 @@ def _measure(args) -> None:
               f"{s.seconds:.0f} s; the machine was busy "
               f"{load.all_cores:.2f} cores (this measurement's share: about "
               f"{int(target.attrs.get('num-cores', 1))})", flush=True)
+
+
+def _pairs(args) -> None:
+    target = host_target()
+    work_dir = args.work_dir or default_work_dir(target)
+    config = MeasureConfig(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                           timeout_s=args.timeout)
+    for size in args.size:
+        for name in args.models or models.zoo.names():
+            model = models.variant_name(name, size == "small")
+            mod, _ = models.load(name, small=size == "small")
+            print(f"{model}:", flush=True)
+            with OtherLoad() as load:
+                s = side_by_side.label_pairs(model, mod, target, work_dir, config,
+                                             max_pairs=args.max_pairs,
+                                             log=lambda m: print(m, flush=True))
+            print(f"{model}: {s.timed} decisions timed side by side, {s.failed} failed, "
+                  f"{s.unformable} unformable, {s.views} with a view part, {s.repeated} "
+                  "repeated layers in "
+                  f"{s.seconds:.0f} s; the machine was busy {load.all_cores:.2f} cores",
+                  flush=True)
 
 
 def _predictors(train: list[dict], desc, min_records: int, seeds: int):
@@ -118,9 +142,17 @@ def _mean_std(values: list[float]) -> str:
     return f"{100 * np.mean(values):5.1f}+-{100 * np.std(values):3.1f}"
 
 
-def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -> None:
+def _reconstructed(held: list[dict]) -> list[evaluation.Pair]:
+    """The pairs among each model's measured groups."""
+    return [p for v in sorted({r["model"] for r in held})
+            for p in evaluation.pairs([r for r in held if r["model"] == v])]
+
+
+def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args,
+           pairs_of=_reconstructed) -> None:
     """Hold out each unit in turn, train on ``train_for(unit)``, print one line per unit
-    and the pooled line (accuracies in %, pooled over pairs)."""
+    and the pooled line (accuracies in %, pooled over pairs). ``pairs_of(held)``: the
+    unit's decisions (default: reconstructed from its groups' rows)."""
     head = (f"{title:<20}{'groups':>7}{'pairs':>6}{'fuse%':>7}{'best triv':>10}"
             f"{'analyt':>8}{'cov@m':>7}{'dec acc':>8}{'xgb mean+-std':>15}{'xgb cov':>8}"
             f"{'xgb dec':>8}{'meas':>7}{'tau a':>7}{'tau x':>7}{'a/meas p10 p50 p90':>20}"
@@ -136,8 +168,7 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args) -
     for unit, held in held_out.items():
         analytical, measured, learned = _predictors(train_for(unit), desc, args.min_records,
                                                     args.seeds)
-        pair_list = [p for v in sorted({r["model"] for r in held})
-                     for p in evaluation.pairs([r for r in held if r["model"] == v])]
+        pair_list = pairs_of(held)
         a = evaluation.decide(pair_list, analytical, margin=args.margin)
         # A decision the trees (or measurements) do not answer whole is the analytical
         # model's, as in the planner (``analytical.one_footing``).
@@ -265,6 +296,20 @@ def _evaluate(args) -> None:
     print(f"Leave one {args.by} out (every variant of it held out together):")
     _table("held out", {u: [r for r in real if unit_of(r["model"]) == u] for u in units},
            lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args)
+    together = side_by_side.read_pairs(args.work_dir or default_work_dir(target))
+    if together:
+        # The held-out rows are the records' own three groups (times of one moment); the
+        # models train on the other families' groups as above.
+        by_unit: dict[str, list[dict]] = {}
+        for rec in together:
+            by_unit.setdefault(unit_of(rec["model"]), []).append(rec)
+        print(f"Side-by-side labels ({len(together)} decisions, each decision's three kernels "
+              "timed together; `pairs` records them):")
+        _table("held out", {u: [rec[k] for rec in recs for k in ("left", "right", "union")]
+                            for u, recs in sorted(by_unit.items())},
+               lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args,
+               pairs_of=lambda held: [evaluation.Pair(*held[i:i + 3])
+                                      for i in range(0, len(held), 3)])
     labels = in_model.read_labels(args.work_dir or default_work_dir(target))
     if labels:
         print(f"In-model labels ({len(labels)} final decisions, each timed fused and split "
@@ -299,6 +344,15 @@ def main(argv=None) -> int:
     lb.add_argument("--max-decisions", type=int, default=None)
     lb.add_argument("--repeat", type=int, default=5)
     lb.add_argument("--work-dir", default=None)
+    pr = sub.add_parser("pairs", help="time each candidate decision's three kernels together")
+    pr.add_argument("--models", nargs="*", default=None)
+    pr.add_argument("--size", nargs="+", choices=["small", "full"], default=["small"])
+    pr.add_argument("--max-pairs", type=int, default=None,
+                    help="decisions per model (a repeated layer's counted once)")
+    pr.add_argument("--repeat", type=int, default=7, help="rounds")
+    pr.add_argument("--min-repeat-ms", type=int, default=30)
+    pr.add_argument("--timeout", type=float, default=120.0)
+    pr.add_argument("--work-dir", default=None)
     t = sub.add_parser("train", help="train on every record and save xgb_model.json beside it")
     t.add_argument("--work-dir", default=None)
     e = sub.add_parser("evaluate", help="leave one family out: analytical vs learned")
@@ -315,6 +369,8 @@ def main(argv=None) -> int:
         _measure(args)
     elif args.cmd == "label":
         _label(args)
+    elif args.cmd == "pairs":
+        _pairs(args)
     elif args.cmd == "train":
         work_dir = args.work_dir or default_work_dir(host_target())
         model = train(work_dir, for_target(host_target()))

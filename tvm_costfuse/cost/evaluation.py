@@ -93,6 +93,12 @@ def in_model_pairs(records: Sequence[dict]) -> list[Pair]:
                  abs(r["split_s"] - r["fused_s"])) for r in records]
 
 
+def side_by_side_pairs(records: Sequence[dict]) -> list[Pair]:
+    """``tuning.side_by_side`` records as pairs: their three rows carry the run times of the
+    three kernels timed together, so every label compares times of one moment."""
+    return [Pair(r["left"], r["right"], r["union"]) for r in records]
+
+
 def pairs(rows: Sequence[dict]) -> list[Pair]:
     """Every split of a measured group into two measured groups, among one model's rows."""
     by_key = {frozenset(r["members"]): r for r in rows}

@@ -4,6 +4,9 @@
 - ``integrity``    -- one writer per folder (a file lock), repair of what a kill leaves;
 - ``feedback``     -- candidate groups of a model, measured and recorded;
 - ``in_model``     -- a plan's final decisions, each timed fused and split inside the model;
-- ``runners``      -- build and time one kernel (locally, over RPC, on a GPU);
+- ``side_by_side`` -- candidate decisions, each decision's three kernels timed together;
+- ``runners``      -- build and time one kernel (locally, over RPC, on a GPU), or several
+  side by side;
+- ``versions``     -- the digest of the code a row's kernel was formed, scheduled and timed with;
 - ``metaschedule`` -- meta-schedule tuning of fused kernels and the pipeline that applies it.
 """

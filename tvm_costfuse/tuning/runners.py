@@ -19,7 +19,7 @@ import tvm
 from .database import FAILED_RUN_SECS
 
 __all__ = ["MeasureConfig", "build_and_profile_cuda", "build_and_time", "build_and_time_rpc",
-           "check_rpc_tracker"]
+           "build_and_time_together", "check_rpc_tracker"]
 
 
 @dataclass(frozen=True)
@@ -120,43 +120,71 @@ def _compile_kernel(func_json: str, target_json: dict, n_out: int):
         raise RuntimeError(f"build: {type(err).__name__}: {err}") from None
 
 
-def _time_on(vm, func, n_out: int, dev, number: int, repeat: int,
-             min_repeat_ms: int) -> list[float]:
-    """Random inputs of the buffer shapes on ``dev``, one warm-up call, then the timer (per
-    call: short kernels run as a chain of :data:`CHAIN` calls)."""
+def _sampler(vm, func, n_out: int, dev, number: int, repeat: int, min_repeat_ms: int
+             ) -> Callable[[], list[float]]:
+    """Random inputs of the buffer shapes on ``dev`` and one warm-up call; then a function
+    that times ``repeat`` samples (seconds per call: short kernels run as a chain of
+    :data:`CHAIN` calls)."""
     import time
 
     import numpy as np
     import tvm as _tvm  # worker process
     from tvm.s_tir import meta_schedule as _ms
 
-    try:
-        rng = np.random.default_rng(0)
-        args = []
-        for info in _ms.arg_info.ArgInfo.from_prim_func(func)[:-n_out]:
-            shape = [int(d) for d in info.shape]
-            dtype = str(info.dtype)
-            value = (rng.standard_normal(shape).astype(dtype) if "float" in dtype
-                     else rng.integers(0, 2, shape).astype(dtype))
-            args.append(_tvm.runtime.tensor(value, dev))
+    rng = np.random.default_rng(0)
+    args = []
+    for info in _ms.arg_info.ArgInfo.from_prim_func(func)[:-n_out]:
+        shape = [int(d) for d in info.shape]
+        dtype = str(info.dtype)
+        value = (rng.standard_normal(shape).astype(dtype) if "float" in dtype
+                 else rng.integers(0, 2, shape).astype(dtype))
+        args.append(_tvm.runtime.tensor(value, dev))
+    start = time.perf_counter()
+    vm["main"](*args)  # warm-up (and a rough duration)
+    if dev.dlpack_device_type() == _tvm.cuda().dlpack_device_type():
+        # Launches are asynchronous and the first one loads the module: time a second,
+        # synchronized call instead.
+        dev.sync()
         start = time.perf_counter()
-        vm["main"](*args)  # warm-up (and a rough duration)
-        if dev.dlpack_device_type() == _tvm.cuda().dlpack_device_type():
-            # Launches are asynchronous and the first one loads the module: time a second,
-            # synchronized call instead.
-            dev.sync()
-            start = time.perf_counter()
-            vm["main"](*args)
-            dev.sync()
-        chain = time.perf_counter() - start < CHAIN_BELOW_S
-        name, calls = ("chain", CHAIN) if chain else ("main", 1)
-        if chain:
-            vm[name](*args)  # the chain's own warm-up
-        timer = vm.time_evaluator(name, dev, number=number, repeat=repeat,
-                                  min_repeat_ms=min_repeat_ms)
-        return [float(s) / calls for s in timer(*args).results]
+        vm["main"](*args)
+        dev.sync()
+    chain = time.perf_counter() - start < CHAIN_BELOW_S
+    name, calls = ("chain", CHAIN) if chain else ("main", 1)
+    if chain:
+        vm[name](*args)  # the chain's own warm-up
+    timer = vm.time_evaluator(name, dev, number=number, repeat=repeat,
+                              min_repeat_ms=min_repeat_ms)
+    return lambda: [float(s) / calls for s in timer(*args).results]
+
+
+def _time_on(vm, func, n_out: int, dev, number: int, repeat: int,
+             min_repeat_ms: int) -> list[float]:
+    """``repeat`` samples of one kernel (:func:`_sampler`)."""
+    try:
+        return _sampler(vm, func, n_out, dev, number, repeat, min_repeat_ms)()
     except Exception as err:  # noqa: BLE001
         raise RuntimeError(f"run: {type(err).__name__}: {err}") from None
+
+
+class _ThreadPool:
+    """TVM's pool sized to the target's cores while timing, the caller's size restored after:
+    the pool starts with a thread per CPU this process may run on, and the kernel was built
+    for the target's cores and is timed on as many, as the model's build would run it."""
+
+    def __init__(self, target_json: dict) -> None:
+        import tvm as _tvm
+
+        self.cores = int(_tvm.target.Target(target_json).attrs.get("num-cores", 0) or 0)
+        self.pool = _tvm.get_global_func("runtime.config_threadpool")
+        self.before = _tvm.get_global_func("runtime.NumThreads")()
+
+    def __enter__(self) -> None:
+        if self.cores:
+            self.pool(1, self.cores)
+
+    def __exit__(self, *_exc) -> None:
+        if self.cores:
+            self.pool(1, self.before)
 
 
 def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
@@ -171,19 +199,42 @@ def build_and_time(func_json: str, target_json: dict, number: int, repeat: int,
 
     ex, func = _compile_kernel(func_json, target_json, n_out)
     dev = _tvm.cpu()
-    # TVM's pool starts with a thread per CPU this process may run on; the kernel was built
-    # for the target's cores and is timed on as many, as the model's build would run it.
-    cores = int(_tvm.target.Target(target_json).attrs.get("num-cores", 0) or 0)
-    pool = _tvm.get_global_func("runtime.config_threadpool")
-    before = _tvm.get_global_func("runtime.NumThreads")()
-    if cores:
-        pool(1, cores)
-    try:
+    with _ThreadPool(target_json):
         return _time_on(_relax.VirtualMachine(ex, dev), func, n_out, dev, number, repeat,
                         min_repeat_ms)
-    finally:
-        if cores:
-            pool(1, before)
+
+
+def build_and_time_together(funcs_json: list[str], target_json: dict, number: int,
+                            repeat: int, min_repeat_ms: int, n_outs: list[int]
+                            ) -> list[list[float]]:
+    """Compile several scheduled PrimFuncs as :func:`build_and_time` does and time them side
+    by side here: ``repeat`` rounds, each taking one sample of every kernel in turn
+    (``measurement.timing.interleave``), so drift of the machine between rounds hits all of
+    them alike. One list of seconds per kernel, in order.
+
+    Raises RuntimeError whose message starts with ``build:`` or ``run:`` (naming the kernel).
+    """
+    import tvm as _tvm
+    from tvm import relax as _relax
+
+    from tvm_costfuse.measurement.timing import interleave
+
+    dev = _tvm.cpu()
+    built = [_compile_kernel(f, target_json, n) for f, n in zip(funcs_json, n_outs, strict=True)]
+    with _ThreadPool(target_json):
+        samplers = {}
+        for i, ((ex, func), n_out) in enumerate(zip(built, n_outs, strict=True)):
+            try:
+                one = _sampler(_relax.VirtualMachine(ex, dev), func, n_out, dev, number, 1,
+                               min_repeat_ms)
+            except Exception as err:  # noqa: BLE001
+                raise RuntimeError(f"run: kernel {i}: {type(err).__name__}: {err}") from None
+            samplers[i] = (lambda one=one: one()[0])
+        try:
+            samples = interleave(samplers, repeat)
+        except Exception as err:  # noqa: BLE001
+            raise RuntimeError(f"run: {type(err).__name__}: {err}") from None
+    return [samples[i] for i in range(len(built))]
 
 
 def build_and_time_rpc(func_json: str, target_json: dict, number: int, repeat: int,

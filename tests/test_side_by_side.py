@@ -1,0 +1,64 @@
+"""Side-by-side labels: each candidate decision's three kernels timed together into
+``pairs.jsonl``, and scored by ``cost.evaluation`` like the reconstructed pairs."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import prepared
+
+from tvm_costfuse.cost import evaluation
+from tvm_costfuse.graph import build_graph
+from tvm_costfuse.targets import for_target, host_target
+from tvm_costfuse.tuning import side_by_side
+from tvm_costfuse.tuning.feedback import MeasureConfig
+from tvm_costfuse.tuning.versions import kernel_version
+
+FAST = MeasureConfig(repeat=3, min_repeat_ms=2, timeout_s=120)
+
+
+def _label(tmp_path, **kw):
+    mod, _ = prepared("mlp_gelu")
+    return side_by_side.label_pairs("mlp_gelu", mod, host_target(), tmp_path, FAST,
+                                    prepared=True, **kw)
+
+
+def test_decisions_are_timed_together_and_scored(tmp_path):
+    mod, _ = prepared("mlp_gelu")
+    graph = build_graph(mod)
+    decisions = side_by_side.candidate_pairs(graph, for_target(host_target()))
+    assert decisions and len(set(decisions)) == len(decisions)
+    s = _label(tmp_path, max_pairs=2)
+    assert s.timed >= 1 and s.failed == 0, s.errors
+    records = side_by_side.read_pairs(tmp_path)
+    assert len(records) == s.timed
+    for rec in records:
+        assert rec["kernels"] == kernel_version() and rec["repeat"] == FAST.repeat
+        parts = [rec[k] for k in ("left", "right", "union")]
+        assert sorted(parts[0]["members"] + parts[1]["members"]) == sorted(parts[2]["members"])
+        # One sample per round for each of the three kernels, all of them real times.
+        assert all(len(p["run_secs"]) == FAST.repeat and 0 < min(p["run_secs"]) < 1
+                   for p in parts)
+        assert (tuple(parts[0]["members"]), tuple(parts[1]["members"])) in decisions
+    pairs = evaluation.side_by_side_pairs(records)
+    d = evaluation.decide(pairs, lambda r: (sum(r["run_secs"]) / len(r["run_secs"]), True))
+    assert d.pairs == len(records) and 0 <= d.accuracy <= 1
+
+
+def test_a_failed_decision_is_counted_and_not_recorded(tmp_path, monkeypatch):
+    def broken(*_args, **_kw):
+        raise RuntimeError("build: forced failure")
+
+    monkeypatch.setattr(side_by_side, "build_and_time_together", broken)
+    mod, _ = prepared("mlp_gelu")
+    s = side_by_side.label_pairs("mlp_gelu", mod, host_target(), tmp_path,
+                                 MeasureConfig(repeat=2, min_repeat_ms=1, isolate=False),
+                                 prepared=True, max_pairs=1)
+    assert (s.timed, s.failed) == (0, 1)
+    assert "forced failure" in s.errors[0]
+    assert side_by_side.read_pairs(tmp_path) == []
+
+
+def test_only_cpu_targets_are_timed_here(tmp_path):
+    mod, _ = prepared("mlp_gelu")
+    with pytest.raises(ValueError, match="CPU kernels"):
+        side_by_side.label_pairs("mlp_gelu", mod, "h100", tmp_path, FAST, prepared=True)
