@@ -303,13 +303,15 @@ def _evaluate(args) -> None:
         by_unit: dict[str, list[dict]] = {}
         for rec in together:
             by_unit.setdefault(unit_of(rec["model"]), []).append(rec)
+        versions = sorted({rec.get("kernels", "unstamped") for rec in together})
         print(f"Side-by-side labels ({len(together)} decisions, each decision's three kernels "
-              "timed together; `pairs` records them):")
+              f"timed together; `pairs` records them; kernel versions: {', '.join(versions)}):")
         _table("held out", {u: [rec[k] for rec in recs for k in ("left", "right", "union")]
                             for u, recs in sorted(by_unit.items())},
                lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args,
-               pairs_of=lambda held: [evaluation.Pair(*held[i:i + 3])
-                                      for i in range(0, len(held), 3)])
+               pairs_of=lambda held: evaluation.side_by_side_pairs(
+                   [dict(zip(("left", "right", "union"), held[i:i + 3], strict=True))
+                    for i in range(0, len(held), 3)]))
     labels = in_model.read_labels(args.work_dir or default_work_dir(target))
     if labels:
         print(f"In-model labels ({len(labels)} final decisions, each timed fused and split "

@@ -66,6 +66,9 @@ def test_measure_writes_records_jsondatabase_loads_and_rerun_is_resumable(tmp_pa
 
 def test_kernel_version_follows_the_code_and_tvm(tmp_path):
     assert any(p.parent.name == "schedules" and p.name == "gemm.py" for p in KERNEL_SOURCES)
+    names = {p.name for p in KERNEL_SOURCES}
+    assert {"feedback.py", "runners.py", "partition.py", "fusor.py", "pipelines.py",
+            "timing.py"} <= names
     assert all(p.exists() for p in KERNEL_SOURCES)
     rule = tmp_path / "rule.py"
     rule.write_text("TILE = 8\n")

@@ -225,7 +225,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "
           f"already recorded {summary.skipped}, unformable {summary.unformable}, "
           f"views {summary.views}"
-          + (f", {summary.stale} of the measured recorded before for other kernels"
+          + (f", {summary.stale} recorded before for other kernels (taken up again)"
              if summary.stale else "")
           + (f", compiled and ptxas-profiled but not timed (no GPU) {summary.untimed}"
              if summary.untimed else "")

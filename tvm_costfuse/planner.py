@@ -277,7 +277,8 @@ def plan_greedy(
 
 
 def plan_cost(graph: OpGraph, target, config, groups, model: Model | None = None) -> float:
-    """Predicted total seconds of a partition (ops in no group run alone)."""
+    """Predicted total seconds of a partition (ops in no group run alone), each group at its
+    own model's answer (a report, not a decision: no footing)."""
     price = Pricer(graph, target, config, model)
     q = Quotient(graph, initial_units(graph, groups))
     return sum(price(u)[0].seconds for g, u in q.members.items() if g not in q.pinned)
@@ -286,7 +287,9 @@ def plan_cost(graph: OpGraph, target, config, groups, model: Model | None = None
 def _exact_partition(graph: OpGraph, price: Pricer, units: list[frozenset],
                      others: list[frozenset]) -> list[frozenset]:
     """The cheapest legal partition of ``units`` with the groups ``others`` fixed around them
-    (convexity is checked against the whole graph), by enumerating set partitions."""
+    (convexity is checked against the whole graph), by enumerating set partitions. A unit
+    joining a part adds its own time less the merge's saving (``_gain``, on one footing), so
+    the search decides each merge as greedy does."""
     best: tuple[float, list[frozenset]] = (float("inf"), [])
 
     def acyclic(parts: list[frozenset]) -> bool:
@@ -304,8 +307,8 @@ def _exact_partition(graph: OpGraph, price: Pricer, units: list[frozenset],
         for j, part in enumerate(parts):
             merged = part | u
             est, verdict = price(merged)
-            if verdict:
-                new_cost = cost - price(part)[0].seconds + est.seconds
+            if verdict:  # the merge's saving on one footing, as greedy weighs it
+                new_cost = cost + price(u)[0].seconds - _gain([price(part)[0], price(u)[0]], est)
                 search(i + 1, parts[:j] + [merged] + parts[j + 1:], new_cost)
         search(i + 1, parts + [u], cost + price(u)[0].seconds)
 

@@ -116,7 +116,8 @@ def one_footing(estimates: Sequence[Estimate]) -> list[float]:
     learned model decided 86.0% right when a decision mixed the two, 87.6% on one footing,
     and was then at or above the analytical model on every family (docs/benchmarks.md,
     "Decisions on one footing")."""
-    corrected = ["analytical" in e.breakdown for e in estimates if e.seconds > 0]  # views: 0 s
+    # Views (0 s on either footing) do not count.
+    corrected = ["analytical" in e.breakdown for e in estimates if e.seconds > 0]
     if all(corrected) or not any(corrected):
         return [e.seconds for e in estimates]
     return [e.breakdown.get("analytical", e.seconds) for e in estimates]

@@ -134,7 +134,9 @@ class Decisions:
 def decide(pair_list: Sequence[Pair], predict: Predictor, fallback: Predictor | None = None,
            margin: float = 0.0) -> Decisions:
     """``predict``'s decisions on ``pair_list`` (see the module docstring); ``fallback``
-    (default: ``predict``'s own times, ignoring confidence) answers the abstentions."""
+    answers the abstentions with all three times (default: ``predict``'s own, ignoring
+    confidence: right for the analytical model; pass the analytical model for a learned or
+    measured one, as the planner's ``one_footing`` does)."""
     fallback = fallback or predict
     right = decided = decided_right = clear = clear_right = 0
     stake = stake_right = 0.0

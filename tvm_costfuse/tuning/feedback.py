@@ -81,7 +81,7 @@ class MeasureSummary:
     failed: int = 0
     reused: int = 0  # workload already recorded (same kernel seen before): not re-measured
     skipped: int = 0  # (model, group) already recorded
-    stale: int = 0  # (model, group) recorded for other kernels (``versions``): measured again
+    stale: int = 0  # (model, group) recorded for other kernels (``versions``): taken up again
     unformable: int = 0  # the planner weighed it but apply_partition rejects it (not convex)
     untimed: int = 0  # CUDA without a GPU: compiled and ptxas-profiled, not timed
     views: int = 0  # a lone reshape: TVM runs it as a view, there is no kernel to time

@@ -220,7 +220,12 @@ def build_and_time_together(funcs_json: list[str], target_json: dict, number: in
     from tvm_costfuse.measurement.timing import interleave
 
     dev = _tvm.cpu()
-    built = [_compile_kernel(f, target_json, n) for f, n in zip(funcs_json, n_outs, strict=True)]
+    built = []
+    for i, (f, n) in enumerate(zip(funcs_json, n_outs, strict=True)):
+        try:
+            built.append(_compile_kernel(f, target_json, n))
+        except RuntimeError as err:
+            raise RuntimeError(f"build: kernel {i}: {err}") from None
     with _ThreadPool(target_json):
         samplers = {}
         for i, ((ex, func), n_out) in enumerate(zip(built, n_outs, strict=True)):
@@ -229,6 +234,8 @@ def build_and_time_together(funcs_json: list[str], target_json: dict, number: in
                                min_repeat_ms)
             except Exception as err:  # noqa: BLE001
                 raise RuntimeError(f"run: kernel {i}: {type(err).__name__}: {err}") from None
+            # A sample runs the kernel for at least ``min_repeat_ms``: a kernel timed right
+            # after a long one pays its cold first calls inside that window, not as the sample.
             samplers[i] = (lambda one=one: one()[0])
         try:
             samples = interleave(samplers, repeat)

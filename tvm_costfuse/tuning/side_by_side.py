@@ -50,7 +50,7 @@ class PairSummary:
     model: str
     timed: int = 0
     failed: int = 0
-    repeated: int = 0  # a union workload already timed in this call (a repeated layer)
+    repeated: int = 0  # a union workload already timed (a repeated layer, or an earlier run)
     views: int = 0  # a part is a lone reshape: a view in the model, no kernel to time
     unformable: int = 0  # the planner weighed it but apply_partition rejects it (not convex)
     seconds: float = 0.0
@@ -112,7 +112,8 @@ def label_pairs(model: str, mod: tvm.IRModule, target, work_dir=None,
 
     ``target``: anything ``targets.resolve`` takes (CPU targets: the kernels run here).
     ``config.repeat`` is the number of rounds; ``max_pairs`` stops after that many decisions
-    whose union is a new workload (a repeated layer's decision is timed once). A decision
+    whose union is a new workload (a repeated layer's decision is timed once, and a decision
+    already in ``pairs.jsonl`` for this model and these kernels is not timed again). A decision
     whose kernels cannot be formed (``unformable``: not convex), built or run (``failed``) is
     logged with its error and skipped: no record is written for it; nor for a decision with a
     view as a part (``views``).
@@ -129,7 +130,11 @@ def label_pairs(model: str, mod: tvm.IRModule, target, work_dir=None,
     prep = mod if prepared else prepare(mod, target)
     graph = build_graph(prep)
     marked = mark_constant_weights(prep)
-    summary, unions, worker = PairSummary(model), set(), _Worker(config)
+    # Decisions timed before under these kernels (a resumed run, a larger ``max_pairs``) are
+    # not timed again: their union workloads count as done.
+    unions = {r["union"]["workload_hash"] for r in read_pairs(path.parent)
+              if r["model"] == model and r.get("kernels") == kernel_version()}
+    summary, worker = PairSummary(model), _Worker(config)
     try:
         _label_all(model, graph, prep, marked, target, target_desc, config, fusion_config,
                    max_pairs, path, summary, unions, worker, log)

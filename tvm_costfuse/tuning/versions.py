@@ -28,13 +28,16 @@ __all__ = ["KERNEL_SOURCES", "digest", "kernel_version"]
 _PACKAGE = Path(__file__).resolve().parent.parent
 _SCHEDULES = Path(schedules.__file__).resolve().parent  # schedules/ at the top of the repo
 # What decides the kernel a row timed, beside the installed TVM: the schedule rules and the
-# passes after them, how a group becomes one PrimFunc (feedback, partition), how it is built
-# and timed (runners, measurement/timing).
+# passes after them, how a group becomes one PrimFunc (feedback, partition, fusor; the
+# pre-fusion passes of pipelines), how it is built and timed (runners with pipelines'
+# build pipeline, measurement/timing).
 KERNEL_SOURCES = (
     *sorted(_SCHEDULES.glob("*.py")),
     _PACKAGE / "tuning" / "feedback.py",
     _PACKAGE / "tuning" / "runners.py",
     _PACKAGE / "partition.py",
+    _PACKAGE / "fusor.py",
+    _PACKAGE / "pipelines.py",
     _PACKAGE / "measurement" / "timing.py",
 )
 
