@@ -142,17 +142,17 @@ def _mean_std(values: list[float]) -> str:
     return f"{100 * np.mean(values):5.1f}+-{100 * np.std(values):3.1f}"
 
 
-def _reconstructed(held: list[dict]) -> list[evaluation.Pair]:
-    """The pairs among each model's measured groups."""
-    return [p for v in sorted({r["model"] for r in held})
-            for p in evaluation.pairs([r for r in held if r["model"] == v])]
+def _reconstructed(held: list[dict]) -> tuple[list[dict], list[evaluation.Pair]]:
+    """The groups and the pairs among each model's measured groups."""
+    return held, [p for v in sorted({r["model"] for r in held})
+                  for p in evaluation.pairs([r for r in held if r["model"] == v])]
 
 
-def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args,
-           pairs_of=_reconstructed) -> None:
+def _table(title: str, held_out: dict[str, tuple[list[dict], list[evaluation.Pair]]],
+           train_for, desc, args) -> None:
     """Hold out each unit in turn, train on ``train_for(unit)``, print one line per unit
-    and the pooled line (accuracies in %, pooled over pairs). ``pairs_of(held)``: the
-    unit's decisions (default: reconstructed from its groups' rows)."""
+    and the pooled line (accuracies in %, pooled over pairs). ``held_out``: per unit, its
+    groups (times, rank correlation) and its decisions."""
     head = (f"{title:<20}{'groups':>7}{'pairs':>6}{'fuse%':>7}{'best triv':>10}"
             f"{'analyt':>8}{'cov@m':>7}{'dec acc':>8}{'xgb mean+-std':>15}{'xgb cov':>8}"
             f"{'xgb dec':>8}{'meas':>7}{'tau a':>7}{'tau x':>7}{'a/meas p10 p50 p90':>20}"
@@ -165,10 +165,9 @@ def _table(title: str, held_out: dict[str, list[dict]], train_for, desc, args,
                                "a_clear": [], "x_clear": [], "stake_s": [], "a_stake": [],
                                "x_stake": []}
     all_meas, all_a, all_x = [], [], []
-    for unit, held in held_out.items():
+    for unit, (held, pair_list) in held_out.items():
         analytical, measured, learned = _predictors(train_for(unit), desc, args.min_records,
                                                     args.seeds)
-        pair_list = pairs_of(held)
         a = evaluation.decide(pair_list, analytical, margin=args.margin)
         # A decision the trees (or measurements) do not answer whole is the analytical
         # model's, as in the planner (``analytical.one_footing``).
@@ -294,7 +293,8 @@ def _evaluate(args) -> None:
           f"{'with' if extra else 'without'} the synthetic programs; {len(views)} lone "
           "reshapes (views in a model, timed as copies) left out\n")
     print(f"Leave one {args.by} out (every variant of it held out together):")
-    _table("held out", {u: [r for r in real if unit_of(r["model"]) == u] for u in units},
+    _table("held out", {u: _reconstructed([r for r in real if unit_of(r["model"]) == u])
+                        for u in units},
            lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args)
     together = side_by_side.read_pairs(args.work_dir or default_work_dir(target))
     if together:
@@ -306,12 +306,10 @@ def _evaluate(args) -> None:
         versions = sorted({rec.get("kernels", "unstamped") for rec in together})
         print(f"Side-by-side labels ({len(together)} decisions, each decision's three kernels "
               f"timed together; `pairs` records them; kernel versions: {', '.join(versions)}):")
-        _table("held out", {u: [rec[k] for rec in recs for k in ("left", "right", "union")]
+        _table("held out", {u: ([rec[k] for rec in recs for k in ("left", "right", "union")],
+                                evaluation.side_by_side_pairs(recs))
                             for u, recs in sorted(by_unit.items())},
-               lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args,
-               pairs_of=lambda held: evaluation.side_by_side_pairs(
-                   [dict(zip(("left", "right", "union"), held[i:i + 3], strict=True))
-                    for i in range(0, len(held), 3)]))
+               lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args)
     labels = in_model.read_labels(args.work_dir or default_work_dir(target))
     if labels:
         print(f"In-model labels ({len(labels)} final decisions, each timed fused and split "
@@ -322,7 +320,8 @@ def _evaluate(args) -> None:
     print("Unseen synthetic programs (trained on every real model"
           + (" and the other programs):" if extra else "):"))
     programs = sorted({r["model"] for r in synth}, key=models.synthetic.seed_of)
-    _table("program", {p: [r for r in synth if r["model"] == p] for p in programs},
+    _table("program", {p: _reconstructed([r for r in synth if r["model"] == p])
+                       for p in programs},
            lambda p: real + [r for r in extra if r["model"] != p], desc, args)
 
 

@@ -109,14 +109,13 @@ def one_footing(estimates: Sequence[Estimate]) -> list[float]:
 
     A learned or measured answer keeps the analytical time it replaces in its breakdown
     (``"analytical"``); a fallback or analytical answer has none. Where some of the estimates
-    are corrected and some are not (views, 0 s on either footing, aside), every one is read at its analytical time: the analytical
-    model's bias is not the same in every class and size (small elementwise kernels priced at
-    0.6-0.75 of their time, large ones at 1.7x), so a corrected union weighed against
-    uncorrected parts decides on that bias. Leave one family out on 2067 measured pairs, the
-    learned model decided 86.0% right when a decision mixed the two, 87.6% on one footing,
-    and was then at or above the analytical model on every family (docs/benchmarks.md,
-    "Decisions on one footing")."""
-    # Views (0 s on either footing) do not count.
+    are corrected and some are not (views, 0 s on either footing, aside), every one is read
+    at its analytical time: the analytical model's bias is not the same in every class and
+    size (small elementwise kernels priced at 0.6-0.75 of their time, large ones at 1.7x), so
+    a corrected union weighed against uncorrected parts decides on that bias. Leave one
+    family out on 2067 measured pairs, the learned model decided 86.0% right when a decision
+    mixed the two, 87.6% on one footing, and was then at or above the analytical model on
+    every family (docs/benchmarks.md, "Decisions on one footing")."""
     corrected = ["analytical" in e.breakdown for e in estimates if e.seconds > 0]
     if all(corrected) or not any(corrected):
         return [e.seconds for e in estimates]

@@ -261,7 +261,7 @@ def _measure_all(db, model, graph, prep, marked, cands, target, config, runner, 
                 if db.has_group(model, members, kernels):
                     summary.skipped += 1
                     continue
-                summary.stale += 1
+                summary.stale += 1  # recorded for other kernels: taken up as a new group
             features = group_features(graph, members)
             if features.is_view:
                 summary.views += 1  # timing it as a copy kernel would be a wrong label

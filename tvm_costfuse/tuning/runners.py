@@ -337,8 +337,7 @@ class _Runner:
             args = (*args, c.rpc_tracker)
         args = (*args, n_out)
         try:
-            out = (self.fn(*args) if self.pool is None
-                   else self.pool.submit(self.fn, *args).result())
+            out = self.call(*args)
         except TimeoutError:
             return [FAILED_RUN_SECS], f"timeout: build + run exceeded {c.timeout_s} s", {}
         except Exception as err:  # noqa: BLE001 -- worker crash, build or run error
@@ -348,6 +347,11 @@ class _Runner:
             extra = {k: v for k, v in out.items() if k not in ("run_secs", "error")}
             return list(out["run_secs"]), out.get("error"), extra
         return out, None, {}
+
+    def call(self, *args):
+        """``fn(*args)`` in the worker (or in-process); raises what it raises, TimeoutError
+        past the timeout."""
+        return self.fn(*args) if self.pool is None else self.pool.submit(self.fn, *args).result()
 
     def close(self) -> None:
         if self.pool is not None:

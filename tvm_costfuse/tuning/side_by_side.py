@@ -16,6 +16,7 @@ Each record goes to ``<work_dir>/pairs.jsonl``: the model, the target, the kerne
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import time
@@ -34,7 +35,7 @@ from ..schedules.prepack import mark_constant_weights
 from ..targets import resolve
 from .database import default_work_dir, workload_hash
 from .feedback import feature_row, group_kernel_and_outputs, schedule_kernel
-from .runners import MeasureConfig, build_and_time_together
+from .runners import MeasureConfig, _Runner, build_and_time_together
 from .versions import kernel_version
 
 __all__ = ["PAIRS_FILE", "PairSummary", "candidate_pairs", "label_pairs", "read_pairs"]
@@ -70,32 +71,6 @@ def candidate_pairs(graph, target_desc, config: FusionConfig | None = None
             out.append(tuple(tuple(sorted(g, key=lambda n: graph[n].index))
                              for g in (d.left, d.right)))
     return out
-
-
-class _Worker:
-    """``build_and_time_together`` in a worker process under a timeout (or in-process with
-    ``config.isolate`` off); a worker that failed is replaced before the next call."""
-
-    def __init__(self, config: MeasureConfig) -> None:
-        self.config, self.pool = config, None
-
-    def __call__(self, args: tuple) -> list[list[float]]:
-        if not self.config.isolate:
-            return build_and_time_together(*args)
-        from tvm.support.popen_pool import PopenPoolExecutor
-
-        if self.pool is None:  # three kernels to build and time: three kernels' time
-            self.pool = PopenPoolExecutor(max_workers=1, timeout=3 * self.config.timeout_s)
-        try:
-            return self.pool.submit(build_and_time_together, *args).result()
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None
 
 
 def _headline(err: BaseException) -> str:
@@ -134,7 +109,10 @@ def label_pairs(model: str, mod: tvm.IRModule, target, work_dir=None,
     # not timed again: their union workloads count as done.
     unions = {r["union"]["workload_hash"] for r in read_pairs(path.parent)
               if r["model"] == model and r.get("kernels") == kernel_version()}
-    summary, worker = PairSummary(model), _Worker(config)
+    # Three kernels to build and time per call: three kernels' time.
+    worker = _Runner(dataclasses.replace(config, timeout_s=3 * config.timeout_s),
+                     build_and_time_together)
+    summary = PairSummary(model)
     try:
         _label_all(model, graph, prep, marked, target, target_desc, config, fusion_config,
                    max_pairs, path, summary, unions, worker, log)
@@ -172,8 +150,8 @@ def _label_all(model, graph, prep, marked, target, target_desc, config, fusion_c
         try:
             funcs = [tvm.ir.save_json(schedule_kernel(kernels[k][0], target)[0])
                      for k in _PARTS]
-            secs = worker((funcs, target.export(), config.number, config.repeat,
-                           config.min_repeat_ms, [kernels[k][1] for k in _PARTS]))
+            secs = worker.call(funcs, target.export(), config.number, config.repeat,
+                               config.min_repeat_ms, [kernels[k][1] for k in _PARTS])
         except Exception as err:  # noqa: BLE001 -- a schedule, build, run or worker failure
             summary.failed += 1
             summary.errors.append(f"{shown}: {_headline(err)}")
