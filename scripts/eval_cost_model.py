@@ -104,6 +104,7 @@ def _pairs(args) -> None:
             with OtherLoad() as load:
                 s = side_by_side.label_pairs(model, mod, target, work_dir, config,
                                              max_pairs=args.max_pairs,
+                                             processes=args.processes,
                                              log=lambda m: print(m, flush=True))
             print(f"{model}: {s.timed} decisions timed side by side, {s.failed} failed, "
                   f"{s.unformable} unformable, {s.views} with a view part, {s.repeated} "
@@ -272,6 +273,23 @@ def _in_model_table(records: list[dict], real: list[dict], unit_of, desc, args) 
     print()
 
 
+def _training(real: list[dict], extra: list[dict], together: list[dict], unit_of):
+    """unit -> the rows to train on when that unit is held out: the other units' measured
+    groups, a group's side-by-side row (from ``together``, the record of most processes last)
+    in place of its separately timed one."""
+    timed_together: dict[tuple, dict] = {}
+    for rec in sorted(together, key=lambda r: r.get("processes", 1)):
+        for k in ("left", "right", "union"):
+            timed_together[(rec["model"], frozenset(rec[k]["members"]))] = rec[k]
+
+    def train_of(unit: str) -> list[dict]:
+        sbs = {key: r for key, r in timed_together.items() if unit_of(key[0]) != unit}
+        return ([r for r in real if unit_of(r["model"]) != unit
+                 and (r["model"], frozenset(r["members"])) not in sbs]
+                + list(sbs.values()) + extra)
+    return train_of
+
+
 def _evaluate(args) -> None:
     target = host_target()
     desc = for_target(target)
@@ -292,11 +310,15 @@ def _evaluate(args) -> None:
           f"{len({r['model'] for r in synth})} synthetic programs; training "
           f"{'with' if extra else 'without'} the synthetic programs; {len(views)} lone "
           "reshapes (views in a model, timed as copies) left out\n")
+    together = side_by_side.latest_pairs(
+        side_by_side.read_pairs(args.work_dir or default_work_dir(target)))
+    train_of = _training(real, extra, together if args.train_side_by_side else [], unit_of)
+    if args.train_side_by_side:
+        print("Training on the side-by-side groups of the other units in place of their "
+              "separately timed rows\n")
     print(f"Leave one {args.by} out (every variant of it held out together):")
     _table("held out", {u: _reconstructed([r for r in real if unit_of(r["model"]) == u])
-                        for u in units},
-           lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args)
-    together = side_by_side.read_pairs(args.work_dir or default_work_dir(target))
+                        for u in units}, train_of, desc, args)
     if together:
         # The held-out rows are the records' own three groups (times of one moment); the
         # models train on the other families' groups as above.
@@ -304,12 +326,15 @@ def _evaluate(args) -> None:
         for rec in together:
             by_unit.setdefault(unit_of(rec["model"]), []).append(rec)
         versions = sorted({rec.get("kernels", "unstamped") for rec in together})
+        procs = sorted({rec.get("processes", 1) for rec in together})
         print(f"Side-by-side labels ({len(together)} decisions, each decision's three kernels "
-              f"timed together; `pairs` records them; kernel versions: {', '.join(versions)}):")
+              f"timed together; `pairs` records them; kernel versions: {', '.join(versions)}; "
+              "processes per decision: " + ", ".join(
+                  f"{n} ({sum(rec.get('processes', 1) == n for rec in together)})"
+                  for n in procs) + "):")
         _table("held out", {u: ([rec[k] for rec in recs for k in ("left", "right", "union")],
                                 evaluation.side_by_side_pairs(recs))
-                            for u, recs in sorted(by_unit.items())},
-               lambda u: [r for r in real if unit_of(r["model"]) != u] + extra, desc, args)
+                            for u, recs in sorted(by_unit.items())}, train_of, desc, args)
     labels = in_model.read_labels(args.work_dir or default_work_dir(target))
     if labels:
         print(f"In-model labels ({len(labels)} final decisions, each timed fused and split "
@@ -350,7 +375,11 @@ def main(argv=None) -> int:
     pr.add_argument("--size", nargs="+", choices=["small", "full"], default=["small"])
     pr.add_argument("--max-pairs", type=int, default=None,
                     help="decisions per model (a repeated layer's counted once)")
-    pr.add_argument("--repeat", type=int, default=7, help="rounds")
+    pr.add_argument("--repeat", type=int, default=7, help="rounds in each process")
+    pr.add_argument("--processes", type=int, default=1,
+                    help="time each decision in this many worker processes and pool their "
+                         "samples (a process's code and buffer placement can slow a kernel "
+                         "steadily; 3 outvote one such process)")
     pr.add_argument("--min-repeat-ms", type=int, default=30)
     pr.add_argument("--timeout", type=float, default=120.0)
     pr.add_argument("--work-dir", default=None)
@@ -363,6 +392,9 @@ def main(argv=None) -> int:
     e.add_argument("--margin", type=float, default=0.05,
                    help="the analytical model abstains below this predicted gain")
     e.add_argument("--min-records", type=int, default=30)
+    e.add_argument("--train-side-by-side", action="store_true",
+                   help="train on the other units' side-by-side groups in place of their "
+                        "separately timed rows")
     e.add_argument("--train-synthetic", action="store_true",
                    help="train on the synthetic programs too (default: they are test data)")
     args = parser.parse_args(argv)

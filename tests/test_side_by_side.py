@@ -69,3 +69,34 @@ def test_only_cpu_targets_are_timed_here(tmp_path):
     mod, _ = prepared("mlp_gelu")
     with pytest.raises(ValueError, match="CPU kernels"):
         side_by_side.label_pairs("mlp_gelu", mod, "h100", tmp_path, FAST, prepared=True)
+
+
+def test_several_processes_pool_their_samples_and_supersede_one(tmp_path):
+    one = _label(tmp_path, max_pairs=1)
+    assert one.timed == 1, one.errors
+    three = _label(tmp_path, max_pairs=1, processes=3)
+    # The decision timed in one process is timed again in three: fewer processes do not count.
+    assert three.timed == 1 and three.repeated == 0, three.errors
+    records = side_by_side.read_pairs(tmp_path)
+    assert [r.get("processes", 1) for r in records] == [1, 3]
+    rec = records[1]
+    for k in ("left", "right", "union"):
+        runs = rec[k]["run_secs_by_process"]
+        assert len(runs) == 3 and all(len(r) == FAST.repeat for r in runs)
+        assert rec[k]["run_secs"] == [s for r in runs for s in r]
+    # The record from three processes supersedes the earlier one of the same decision.
+    assert side_by_side.latest_pairs(records) == [rec]
+    assert side_by_side.latest_pairs(records, kernels="other") == []
+    # And it is not timed a third time.
+    assert _label(tmp_path, max_pairs=1, processes=3).repeated >= 1
+
+
+def test_processes_need_isolated_workers(tmp_path):
+    mod, _ = prepared("mlp_gelu")
+    with pytest.raises(ValueError, match="isolated"):
+        side_by_side.label_pairs("mlp_gelu", mod, host_target(), tmp_path,
+                                 MeasureConfig(repeat=2, isolate=False), prepared=True,
+                                 processes=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        side_by_side.label_pairs("mlp_gelu", mod, host_target(), tmp_path, FAST,
+                                 prepared=True, processes=0)

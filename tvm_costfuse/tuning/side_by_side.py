@@ -9,6 +9,14 @@ built as ``feedback`` builds them (the same rules, finished the same way, called
 Relax VM) and timed in rounds, one sample of each per round (``runners.build_and_time_together``),
 so the machine's drift hits all three alike.
 
+Within one worker process a kernel can also run steadily slower than in another (seen: 2.4x,
+every round alike, in 2 of 4 fresh processes; most likely where its code and buffers were
+placed, which address randomization changes per process), and no number of rounds averages
+that away. With ``processes=N`` each decision is timed in N worker processes, one call in
+each, and a part's ``run_secs`` pools their samples: its median is then the time of the
+majority of processes, one slow placement out of three cannot decide the label. The samples of
+each process stay in ``run_secs_by_process``.
+
 Each record goes to ``<work_dir>/pairs.jsonl``: the model, the target, the kernel version
 (``versions``) and the three groups as feature rows with their run times, so
 ``cost.evaluation.side_by_side_pairs`` scores a model against them without rebuilding anything.
@@ -38,7 +46,8 @@ from .feedback import feature_row, group_kernel_and_outputs, schedule_kernel
 from .runners import MeasureConfig, _Runner, build_and_time_together
 from .versions import kernel_version
 
-__all__ = ["PAIRS_FILE", "PairSummary", "candidate_pairs", "label_pairs", "read_pairs"]
+__all__ = ["PAIRS_FILE", "PairSummary", "candidate_pairs", "label_pairs", "latest_pairs",
+           "read_pairs"]
 
 PAIRS_FILE = "pairs.jsonl"
 _PARTS = ("left", "right", "union")
@@ -81,14 +90,16 @@ def _headline(err: BaseException) -> str:
 def label_pairs(model: str, mod: tvm.IRModule, target, work_dir=None,
                 config: MeasureConfig | None = None, *, max_pairs: int | None = None,
                 prepared: bool = False, fusion_config: FusionConfig | None = None,
-                log: Callable[[str], None] | None = None) -> PairSummary:
+                processes: int = 1, log: Callable[[str], None] | None = None
+                ) -> PairSummary:
     """Time the candidate decisions of one model side by side and append them to
     ``work_dir/pairs.jsonl``.
 
     ``target``: anything ``targets.resolve`` takes (CPU targets: the kernels run here).
-    ``config.repeat`` is the number of rounds; ``max_pairs`` stops after that many decisions
-    whose union is a new workload (a repeated layer's decision is timed once, and a decision
-    already in ``pairs.jsonl`` for this model and these kernels is not timed again). A decision
+    ``config.repeat`` is the number of rounds in each of ``processes`` worker processes;
+    ``max_pairs`` stops after that many decisions whose union is a new workload (a repeated
+    layer's decision is timed once, and a decision already in ``pairs.jsonl`` for this model
+    and these kernels, from at least as many processes, is not timed again). A decision
     whose kernels cannot be formed (``unformable``: not convex), built or run (``failed``) is
     logged with its error and skipped: no record is written for it; nor for a decision with a
     view as a part (``views``).
@@ -98,6 +109,10 @@ def label_pairs(model: str, mod: tvm.IRModule, target, work_dir=None,
     if target.kind.name != "llvm":
         raise ValueError(f"side-by-side labels time CPU kernels here, not {target.kind.name}")
     config = config or MeasureConfig(repeat=7)
+    if processes < 1:
+        raise ValueError(f"processes must be at least 1, not {processes}")
+    if processes > 1 and not config.isolate:
+        raise ValueError("several processes need isolated workers (config.isolate)")
     log = log or (lambda _msg: None)
     path = Path(work_dir or default_work_dir(target)) / PAIRS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,22 +123,24 @@ def label_pairs(model: str, mod: tvm.IRModule, target, work_dir=None,
     # Decisions timed before under these kernels (a resumed run, a larger ``max_pairs``) are
     # not timed again: their union workloads count as done.
     unions = {r["union"]["workload_hash"] for r in read_pairs(path.parent)
-              if r["model"] == model and r.get("kernels") == kernel_version()}
+              if r["model"] == model and r.get("kernels") == kernel_version()
+              and r.get("processes", 1) >= processes}
     # Three kernels to build and time per call: three kernels' time.
-    worker = _Runner(dataclasses.replace(config, timeout_s=3 * config.timeout_s),
-                     build_and_time_together)
+    workers = [_Runner(dataclasses.replace(config, timeout_s=3 * config.timeout_s),
+                       build_and_time_together) for _ in range(processes)]
     summary = PairSummary(model)
     try:
         _label_all(model, graph, prep, marked, target, target_desc, config, fusion_config,
-                   max_pairs, path, summary, unions, worker, log)
+                   max_pairs, path, summary, unions, workers, log)
     finally:
-        worker.close()
+        for w in workers:
+            w.close()
     summary.seconds = time.perf_counter() - start
     return summary
 
 
 def _label_all(model, graph, prep, marked, target, target_desc, config, fusion_config,
-               max_pairs, path, summary, unions, worker, log) -> None:
+               max_pairs, path, summary, unions, workers, log) -> None:
     """The timing loop of :func:`label_pairs`."""
     for left, right in candidate_pairs(graph, target_desc, fusion_config):
         if max_pairs is not None and summary.timed + summary.failed >= max_pairs:
@@ -150,25 +167,36 @@ def _label_all(model, graph, prep, marked, target, target_desc, config, fusion_c
         try:
             funcs = [tvm.ir.save_json(schedule_kernel(kernels[k][0], target)[0])
                      for k in _PARTS]
-            secs = worker.call(funcs, target.export(), config.number, config.repeat,
-                               config.min_repeat_ms, [kernels[k][1] for k in _PARTS])
+            by_process = [w.call(funcs, target.export(), config.number, config.repeat,
+                                 config.min_repeat_ms, [kernels[k][1] for k in _PARTS])
+                          for w in workers]
         except Exception as err:  # noqa: BLE001 -- a schedule, build, run or worker failure
             summary.failed += 1
             summary.errors.append(f"{shown}: {_headline(err)}")
             log(f"  {model} {shown}: {_headline(err)}")
             continue
         record = {"model": model, "target": str(target), "kernels": kernel_version(),
-                  "repeat": config.repeat,
+                  "repeat": config.repeat, "processes": len(workers),
                   "date": datetime.datetime.now().isoformat(timespec="seconds")}
-        for k, s in zip(_PARTS, secs, strict=True):
-            record[k] = {**feature_row(model, graph, groups[k]), "run_secs": s,
+        secs = []
+        for i, k in enumerate(_PARTS):
+            runs = [p[i] for p in by_process]
+            secs.append([s for r in runs for s in r])
+            record[k] = {**feature_row(model, graph, groups[k]), "run_secs": secs[-1],
+                         "run_secs_by_process": runs,
                          "workload_hash": workload_hash(kernels[k][0])}
         with path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         summary.timed += 1
-        med = {k: sorted(s)[len(s) // 2] * 1e6 for k, s in zip(_PARTS, secs, strict=True)}
+        med = {k: _median(s) * 1e6 for k, s in zip(_PARTS, secs, strict=True)}
+        each = "" if len(by_process) == 1 else " (per process: " + ", ".join(
+            "/".join(f"{_median(t) * 1e6:.0f}" for t in p) for p in by_process) + " us)"
         log(f"  {model} {shown}: union {med['union']:.1f} us, left {med['left']:.1f} + right "
-            f"{med['right']:.1f} us")
+            f"{med['right']:.1f} us{each}")
+
+
+def _median(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2]
 
 
 def read_pairs(work_dir: str | Path) -> list[dict]:
@@ -184,3 +212,19 @@ def read_pairs(work_dir: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def latest_pairs(records: list[dict], kernels: str | None = None) -> list[dict]:
+    """One record per (model, union workload): the one timed in the most processes, the
+    latest among those; only records of ``kernels`` when given. A decision re-timed with
+    more processes (``label_pairs(processes=N)``) supersedes its earlier record."""
+    best: dict[tuple[str, str], dict] = {}
+    for rec in records:
+        if kernels is not None and rec.get("kernels") != kernels:
+            continue
+        key = (rec["model"], rec["union"]["workload_hash"])
+        rank = (rec.get("processes", 1), rec.get("date", ""))
+        old = best.get(key)
+        if old is None or rank >= (old.get("processes", 1), old.get("date", "")):
+            best[key] = rec
+    return list(best.values())
