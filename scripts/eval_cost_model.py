@@ -275,18 +275,12 @@ def _in_model_table(records: list[dict], real: list[dict], unit_of, desc, args) 
 
 def _training(real: list[dict], extra: list[dict], together: list[dict], unit_of):
     """unit -> the rows to train on when that unit is held out: the other units' measured
-    groups, a group's side-by-side row (from ``together``, the record of most processes last)
-    in place of its separately timed one."""
-    timed_together: dict[tuple, dict] = {}
-    for rec in sorted(together, key=lambda r: r.get("processes", 1)):
-        for k in ("left", "right", "union"):
-            timed_together[(rec["model"], frozenset(rec[k]["members"]))] = rec[k]
-
+    groups, with their side-by-side rows (``together``) in place of the separately timed
+    ones."""
     def train_of(unit: str) -> list[dict]:
-        sbs = {key: r for key, r in timed_together.items() if unit_of(key[0]) != unit}
-        return ([r for r in real if unit_of(r["model"]) != unit
-                 and (r["model"], frozenset(r["members"])) not in sbs]
-                + list(sbs.values()) + extra)
+        return side_by_side.with_side_by_side(
+            [r for r in real if unit_of(r["model"]) != unit],
+            [rec for rec in together if unit_of(rec["model"]) != unit]) + extra
     return train_of
 
 

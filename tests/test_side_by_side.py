@@ -100,3 +100,28 @@ def test_processes_need_isolated_workers(tmp_path):
     with pytest.raises(ValueError, match="at least 1"):
         side_by_side.label_pairs("mlp_gelu", mod, host_target(), tmp_path, FAST,
                                  prepared=True, processes=0)
+
+
+def test_side_by_side_rows_replace_the_separately_timed_ones():
+    def row(model, members, secs):
+        return {"model": model, "members": members, "run_secs": secs}
+
+    rows = [row("m", ["a"], [3.0]), row("m", ["b"], [4.0]), row("n", ["a"], [5.0])]
+    rec = {"model": "m", "processes": 3, "date": "2026-12-02T08:00:00",
+           "left": row("m", ["a"], [1.0]), "right": row("m", ["c"], [2.0]),
+           "union": row("m", ["a", "c"], [2.5])}
+    older = {**rec, "processes": 1, "left": row("m", ["a"], [9.0])}
+    out = side_by_side.with_side_by_side(rows, [rec, older])
+    by = {(r["model"], tuple(r["members"])): r["run_secs"] for r in out}
+    # m's "a" from the record of three processes; n's "a" (another model) and m's "b" kept.
+    assert by == {("m", ("a",)): [1.0], ("m", ("b",)): [4.0], ("n", ("a",)): [5.0],
+                  ("m", ("c",)): [2.0], ("m", ("a", "c")): [2.5]}
+
+
+def test_a_kernel_timed_in_several_processes_costs_the_mean_of_their_medians():
+    # Two processes ran it at one speed, one at 2.8x (a placement): the label is what a build
+    # pays on average, not the speed that came up more often; failed runs are left out.
+    row = {"run_secs": [1.0, 1.1, 1.0, 1.1, 2.8, 2.9],
+           "run_secs_by_process": [[1.0, 1.1, 1.0], [1.1, 1e10], [2.8, 2.9, 2.8]]}
+    assert measured_seconds(row) == pytest.approx((1.0 + 1.1 + 2.8) / 3)
+    assert measured_seconds({"run_secs": [3.0, 1.0, 2.0]}) == 2.0

@@ -47,7 +47,7 @@ from .runners import MeasureConfig, _Runner, build_and_time_together
 from .versions import kernel_version
 
 __all__ = ["PAIRS_FILE", "PairSummary", "candidate_pairs", "label_pairs", "latest_pairs",
-           "read_pairs"]
+           "read_pairs", "with_side_by_side"]
 
 PAIRS_FILE = "pairs.jsonl"
 _PARTS = ("left", "right", "union")
@@ -228,3 +228,15 @@ def latest_pairs(records: list[dict], kernels: str | None = None) -> list[dict]:
         if old is None or rank >= (old.get("processes", 1), old.get("date", "")):
             best[key] = rec
     return list(best.values())
+
+
+def with_side_by_side(rows: list[dict], records: list[dict]) -> list[dict]:
+    """``rows`` (feature rows with run times) with each group that a side-by-side record timed
+    in its model replaced by that record's row (from the record of most processes when
+    several timed it); groups only the records hold are added."""
+    together: dict[tuple, dict] = {}
+    for rec in sorted(records, key=lambda r: (r.get("processes", 1), r.get("date", ""))):
+        for k in _PARTS:
+            together[(rec["model"], frozenset(rec[k]["members"]))] = rec[k]
+    return ([r for r in rows if (r["model"], frozenset(r["members"])) not in together]
+            + list(together.values()))
