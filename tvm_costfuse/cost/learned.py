@@ -139,11 +139,9 @@ def _usable(row: dict) -> bool:
 
 
 def measured_seconds(row: dict) -> float:
-    """Median run time of a usable row, failed runs left out. A row timed in several worker
-    processes (``tuning.side_by_side``, ``run_secs_by_process``) gives the mean of their
-    medians: where a kernel runs at two speeds by the process it lands in (code and buffer
-    placement; seen 2.8x), a model's build meets either, and the mean is what it costs on
-    average, where the pooled median would be the time of whichever speed came up more."""
+    """Median run time of a usable row, failed runs left out; of a row timed in several
+    worker processes (``run_secs_by_process``), the mean of their medians: a kernel can run
+    at two speeds by the process it lands in (placement; seen 2.8x), and a build pays either."""
     by_process = [kept for runs in row.get("run_secs_by_process", ())
                   if (kept := [s for s in runs if s < _FAILED])]
     if len(by_process) > 1:
