@@ -371,9 +371,9 @@ def main(argv=None) -> int:
                     help="decisions per model (a repeated layer's counted once)")
     pr.add_argument("--repeat", type=int, default=7, help="rounds in each process")
     pr.add_argument("--processes", type=int, default=1,
-                    help="time each decision in this many worker processes and pool their "
-                         "samples (a process's code and buffer placement can slow a kernel "
-                         "steadily; 3 outvote one such process)")
+                    help="time each decision in this many worker processes (a process's "
+                         "code and buffer placement can slow a kernel steadily); a kernel "
+                         "costs the mean of their medians")
     pr.add_argument("--min-repeat-ms", type=int, default=30)
     pr.add_argument("--timeout", type=float, default=120.0)
     pr.add_argument("--work-dir", default=None)

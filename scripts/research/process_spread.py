@@ -56,7 +56,7 @@ def main() -> None:
         old = single.get((rec["model"], rec["union"]["workload_hash"]))
         if old is not None:
             old_seen += 1
-            old_differs += pooled != _fuses(*(np.median(old[k]["run_secs"]) for k in _PARTS))
+            old_differs += pooled != _fuses(*(measured_seconds(old[k]) for k in _PARTS))
     n = len(multi)
     n_proc = sum(r["processes"] for r in multi)
     s = np.asarray(spreads)

@@ -13,9 +13,9 @@ Within one worker process a kernel can also run steadily slower than in another 
 every round alike, in 2 of 4 fresh processes; most likely where its code and buffers were
 placed, which address randomization changes per process), and no number of rounds averages
 that away. With ``processes=N`` each decision is timed in N worker processes, one call in
-each, and a part's ``run_secs`` pools their samples: its median is then the time of the
-majority of processes, one slow placement out of three cannot decide the label. The samples of
-each process stay in ``run_secs_by_process``.
+each; a part's ``run_secs`` pools their samples and ``run_secs_by_process`` keeps each
+process's, from which ``cost.learned.measured_seconds`` takes the mean of the processes'
+medians: what a build, landing in one placement or another, pays on average.
 
 Each record goes to ``<work_dir>/pairs.jsonl``: the model, the target, the kernel version
 (``versions``) and the three groups as feature rows with their run times, so
@@ -36,6 +36,7 @@ import tvm
 
 from ..config import FusionConfig
 from ..cost.extract import group_features
+from ..cost.learned import measured_seconds
 from ..graph import build_graph
 from ..pipelines import prepare
 from ..planner import plan_greedy
@@ -178,17 +179,16 @@ def _label_all(model, graph, prep, marked, target, target_desc, config, fusion_c
         record = {"model": model, "target": str(target), "kernels": kernel_version(),
                   "repeat": config.repeat, "processes": len(workers),
                   "date": datetime.datetime.now().isoformat(timespec="seconds")}
-        secs = []
         for i, k in enumerate(_PARTS):
             runs = [p[i] for p in by_process]
-            secs.append([s for r in runs for s in r])
-            record[k] = {**feature_row(model, graph, groups[k]), "run_secs": secs[-1],
+            record[k] = {**feature_row(model, graph, groups[k]),
+                         "run_secs": [s for r in runs for s in r],
                          "run_secs_by_process": runs,
                          "workload_hash": workload_hash(kernels[k][0])}
         with path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         summary.timed += 1
-        med = {k: _median(s) * 1e6 for k, s in zip(_PARTS, secs, strict=True)}
+        med = {k: measured_seconds(record[k]) * 1e6 for k in _PARTS}
         each = "" if len(by_process) == 1 else " (per process: " + ", ".join(
             "/".join(f"{_median(t) * 1e6:.0f}" for t in p) for p in by_process) + " us)"
         log(f"  {model} {shown}: union {med['union']:.1f} us, left {med['left']:.1f} + right "
@@ -219,15 +219,15 @@ def latest_pairs(records: list[dict], kernels: str | None = None) -> list[dict]:
     latest among those; only records of ``kernels`` when given. A decision re-timed with
     more processes (``label_pairs(processes=N)``) supersedes its earlier record."""
     best: dict[tuple[str, str], dict] = {}
-    for rec in records:
-        if kernels is not None and rec.get("kernels") != kernels:
-            continue
-        key = (rec["model"], rec["union"]["workload_hash"])
-        rank = (rec.get("processes", 1), rec.get("date", ""))
-        old = best.get(key)
-        if old is None or rank >= (old.get("processes", 1), old.get("date", "")):
-            best[key] = rec
+    for rec in sorted(records, key=_rank):
+        if kernels is None or rec.get("kernels") == kernels:
+            best[(rec["model"], rec["union"]["workload_hash"])] = rec
     return list(best.values())
+
+
+def _rank(rec: dict) -> tuple[int, str]:
+    """Which of two records of one decision wins: more processes, then the later one."""
+    return rec.get("processes", 1), rec.get("date", "")
 
 
 def with_side_by_side(rows: list[dict], records: list[dict]) -> list[dict]:
@@ -235,7 +235,7 @@ def with_side_by_side(rows: list[dict], records: list[dict]) -> list[dict]:
     in its model replaced by that record's row (from the record of most processes when
     several timed it); groups only the records hold are added."""
     together: dict[tuple, dict] = {}
-    for rec in sorted(records, key=lambda r: (r.get("processes", 1), r.get("date", ""))):
+    for rec in sorted(records, key=_rank):
         for k in _PARTS:
             together[(rec["model"], frozenset(rec[k]["members"]))] = rec[k]
     return ([r for r in rows if (r["model"], frozenset(r["members"])) not in together]
