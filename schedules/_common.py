@@ -72,8 +72,17 @@ def vector_tile(extent: int, lanes: int, max_vectors: int = 1) -> int:
 
 
 def is_spatial(block: tirx.SBlock) -> bool:
-    """Every iter of the block is data-parallel (elementwise, broadcast, injective)."""
-    return all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
+    """Every iter of the block is data-parallel (elementwise, broadcast, injective) and it has
+    no ``T.init``.
+
+    A reduction whose reduced axes all have extent 1 (a 1x1 depthwise conv, a sum over a unit
+    dim, a matmul with K = 1) keeps its init after ``normalize_prim_func`` drops those axes,
+    and its iter types then read all spatial. Inlining an epilogue into such a block puts it
+    into the init and the update alike (``epi(epi(0) + x)``): a wrong result. The init is
+    what makes it a reduction.
+    """
+    return block.init is None and all(
+        iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
 
 
 def expr_size(node) -> int:
@@ -164,6 +173,30 @@ def covers_output(consumer: tirx.SBlock, producer: tirx.SBlock) -> bool:
         return Analyzer().can_prove_equal(math.prod(as_i64[0]), math.prod(as_i64[1]))
     except (TypeError, ValueError, RuntimeError):
         return False
+
+
+def inline_epilogue(sch: s_tir.Schedule, producer) -> bool:
+    """Inline the one consumer of ``producer`` (a contraction's write-back or crop) into it, so
+    the epilogue is computed from registers; False where it stays a pass of its own.
+
+    Only a sole consumer: with two (an attention output read by an add and by a subtract),
+    inlining the first rewrites ``producer`` to store the first epilogue's tensor, and the
+    second is left reading a buffer nothing defines any more. TVM 0.27's
+    ``reverse_compute_inline`` does not refuse; the build fails ("used before its
+    definition"). Nor a consumer over fewer points than ``producer`` writes
+    (:func:`covers_output`), nor a ``producer`` that is still a reduction (its init would get
+    the epilogue too, :func:`is_spatial`).
+    """
+    consumers = sch.get_consumers(producer)
+    if len(consumers) != 1 or not is_spatial(sch.get(producer)):
+        return False
+    if not covers_output(sch.get(consumers[0]), sch.get(producer)):
+        return False
+    try:
+        sch.reverse_compute_inline(consumers[0])
+    except s_tir.ScheduleError:
+        return False
+    return True
 
 
 def simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -43,8 +43,8 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from . import gemm
 from ._common import (
     MIN_PARALLEL_FMAS,
-    covers_output,
     has_costly_call,
+    inline_epilogue,
     inline_spatial,
     int_extent,
     is_spatial,
@@ -191,12 +191,7 @@ class Attention(SafeRule):
         else:
             par = top = sch.fuse(*batch, io) if batch else io
         writeback = sch.cache_write(pv, 0, "local")
-        for epilogue in sch.get_consumers(writeback):
-            if covers_output(sch.get(epilogue), sch.get(writeback)):
-                try:
-                    sch.reverse_compute_inline(epilogue)
-                except s_tir.ScheduleError:
-                    pass  # stays a pass of its own (generic schedule)
+        inline_epilogue(sch, writeback)  # else a pass of its own (generic schedule)
         sch.reverse_compute_at(writeback, it, preserve_unit_loops=True)
 
         if keys % lanes == 0:

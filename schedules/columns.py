@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tvm import ir, s_tir, tirx
 
-__all__ = ["inline_copy", "mergeable", "merge_block", "merge_buffer"]
+__all__ = ["inline_copy", "merge_block", "merge_buffer", "mergeable"]
 
 
 def _var_at(indices, pos: int):

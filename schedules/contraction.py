@@ -11,7 +11,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from . import conv, depthwise, gemm
 from ._common import (
-    covers_output,
+    inline_epilogue,
     inline_spatial,
     int_extent,
     is_spatial,
@@ -196,11 +196,7 @@ class Contraction(SafeRule):
         tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner)
 
         writeback = sch.cache_write(main, 0, "local")
-        if consumers and covers_output(sch.get(consumers[0]), sch.get(writeback)):
-            try:
-                sch.reverse_compute_inline(consumers[0])
-            except s_tir.ScheduleError:
-                pass  # epilogue stays a separate (generically scheduled) pass
+        inline_epilogue(sch, writeback)  # else a separate (generically scheduled) pass
         sch.reverse_compute_at(writeback, tile_loop, preserve_unit_loops=True)
         if len(inner) == 2 and int_extent(sch, inner[0]) > 1:
             sch.unroll(inner[0])

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
-from ._common import covers_output, largest_divisor, vector_lanes, vector_registers
+from ._common import inline_epilogue, largest_divisor, vector_lanes, vector_registers
 from ._loops import schedule_rest, split_loops, tile_and_parallelize
 from .conv_shape import ConvShape, analyze
-from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _VECTOR_COUNTS, _try, accumulator_budget
+from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _VECTOR_COUNTS, accumulator_budget
 from .prepack import layout_free, pack_leading_operand
 
 __all__ = ["ConvShape", "ConvTile", "analyze", "choose_conv_tile", "schedule"]
@@ -191,9 +191,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: ConvShape, target) -> s_tir.
     pos = next(i for i, x in enumerate(sch.get(main).body.indices)
                if isinstance(x, tirx.Var) and x.same_as(shape.channel))
     sch.transform_layout(main, ("write", 0), _channel_last(ndim, pos))
-    for epilogue in sch.get_consumers(writeback):
-        if covers_output(sch.get(epilogue), sch.get(writeback)):
-            _try(sch.reverse_compute_inline, epilogue)  # else a separate, generic pass
+    inline_epilogue(sch, writeback)  # else a separate, generic pass
     sch.reverse_compute_at(writeback, tile_loop, preserve_unit_loops=True)
     for lp in inner[:-1]:
         if int(sch.get(lp).extent) > 1:

@@ -39,7 +39,7 @@ from tvm.sym.analyzer import Analyzer
 
 from ._common import (
     MIN_PARALLEL_FMAS,
-    covers_output,
+    inline_epilogue,
     largest_divisor,
     vector_lanes,
     vector_registers,
@@ -225,9 +225,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: DepthwiseShape, target
     parallelize(sch, spatial, math.prod(extents.values()), MIN_PARALLEL_FMAS)
 
     writeback = sch.cache_write(main, 0, "local")
-    for epilogue in sch.get_consumers(writeback):
-        if covers_output(sch.get(epilogue), sch.get(writeback)):
-            _try(sch.reverse_compute_inline, epilogue)  # else a separate, generic pass
+    inline_epilogue(sch, writeback)  # else a separate, generic pass
     sch.reverse_compute_at(writeback, wo, preserve_unit_loops=True)
     for lp in (*reduce_loops, hi):
         if int(sch.get(lp).extent) > 1:

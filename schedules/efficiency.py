@@ -44,8 +44,8 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from . import columns, conv_shape, depthwise, gemm
 from ._common import is_spatial, root_blocks
 from .conv import choose_conv_tile
-from .prepack import layout_free
 from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _tile_cycles, pick_tile
+from .prepack import layout_free
 
 __all__ = ["describe", "fraction_of_peak"]
 

@@ -30,7 +30,7 @@ from tvm import ir, s_tir, tirx
 
 from . import columns
 from ._common import (
-    covers_output,
+    inline_epilogue,
     int_extent,
     vector_lanes,
     vector_registers,
@@ -214,9 +214,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
         if len(crops) != 1:
             return None
         tail = crops[0]
-        for epilogue in sch.get_consumers(tail):
-            if covers_output(sch.get(epilogue), sch.get(tail)):
-                _try(sch.reverse_compute_inline, epilogue)
+        inline_epilogue(sch, tail)
     stmt = sch.get(main)
     store = stmt.body
     loads = [ld.value if isinstance(ld, tirx.Cast) else ld
@@ -259,9 +257,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
         sch.compute_inline(writeback)  # the crop (with the epilogue) reads the registers
     else:
         tail = writeback
-        for epilogue in sch.get_consumers(writeback):
-            if covers_output(sch.get(epilogue), sch.get(writeback)):
-                _try(sch.reverse_compute_inline, epilogue)
+        inline_epilogue(sch, writeback)
     if merged:
         columns.merge_buffer(sch, main, merged)
         if columns.merge_block(sch, tail, merged) is None:
