@@ -13,6 +13,7 @@ from tvm.target import Target
 from ._loops import int32_partition_loops
 from .cpu import Attention, Contraction, Fallback, RowReduction, rules
 from .fast_math import fast_math_pass
+from .math_calls import scalar_math_loops
 from .prepack import mark_constant_weights, pack_constants
 
 __all__ = [
@@ -50,6 +51,8 @@ def finish_pass(fast_math: bool = True) -> tvm.transform.Pass:
     loop partitioning peels their tails when the kernel is lowered, then the float32 math calls
     become vectorizable expressions. Anything that times a kernel alone (the feedback loop)
     applies it too, or it times scalar libm calls and guarded vector loops the model's build
-    never runs."""
+    never runs. Last, a vectorized loop calling a math function LLVM cannot widen (sinh,
+    cosh) becomes serial again."""
     passes = [int32_partition_loops] + ([fast_math_pass] if fast_math else [])
+    passes.append(scalar_math_loops)  # what has no vector form stays a scalar loop
     return tvm.transform.Sequential(passes, name="CostFuseCPUFinish")

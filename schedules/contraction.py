@@ -60,6 +60,8 @@ def _operands(block: s_tir.SBlock):
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
         return None
+    if not store.indices:
+        return None  # a 0-d output (a dot product): no axis to vectorize, a plain reduction
     acc, prod = store.value.a, store.value.b
     if not (isinstance(acc, ir.TensorLoad) and acc.source.same_as(store.buffer)):
         return None

@@ -8,6 +8,12 @@ TIR op names without their namespace (``tirx.exp`` -> ``exp``).
 
 from __future__ import annotations
 
+import functools
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
 # Math library calls, weighted by their cost relative to exp. TVM's FLOP estimate counts them
 # as nothing, yet each costs many instructions where an add costs one: without them a sigmoid
 # looked like a copy to the cost models. exp, log, tanh, sigmoid and erf are vectorized
@@ -43,3 +49,49 @@ CHEAP_CALLS = frozenset(
 def short_name(op_name: str) -> str:
     """``tirx.exp`` / ``prim.if_then_else`` -> ``exp`` / ``if_then_else``."""
     return op_name.rsplit(".", 1)[-1]
+
+
+def _registered(op: tvm.ir.Op, attr: str) -> bool:
+    try:
+        return op.get_attr(attr) is not None
+    except (AttributeError, KeyError, RuntimeError, TypeError, ValueError):
+        return False
+
+
+@functools.cache
+def _needs_scalar(op: tvm.ir.Op) -> bool:
+    """TVM marks ``op`` vectorizable (so ``VectorizeLoop`` widens it) but the LLVM backend has
+    no lowering for it, only the default scalar libm call: a vector of it fails in codegen
+    ("unknown intrinsic tirx.sinh"). Read from TVM's op registry, not a list of names."""
+    return (_registered(op, "TVectorizable") and _registered(op, "default.FLowerIntrinsic")
+            and not _registered(op, "llvm.FLowerIntrinsic")
+            and not _registered(op, "llvm.FLegalize"))
+
+
+def _calls_scalar_only(node) -> bool:
+    found = []
+
+    def visit(call):
+        op = getattr(call, "op", None)
+        if isinstance(op, tvm.ir.Op) and _needs_scalar(op):
+            found.append(op)
+
+    tvm_ffi.structural_walk(node, (tvm.ir.expr.Call, visit))
+    return bool(found)
+
+
+def _serial_if_scalar_only(loop: tirx.For):
+    if loop.kind == tirx.ForKind.VECTORIZED and _calls_scalar_only(loop.body):
+        return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
+                        loop.thread_binding, loop.annotations, loop.step, loop.span)
+    return loop
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="CostFuseScalarMathLoops")
+def scalar_math_loops(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
+    """Every vectorized loop that calls a math function with no vector lowering on LLVM
+    (sinh, cosh: :func:`_needs_scalar`) made serial again, so it builds (a scalar libm call
+    per element) instead of failing. The rules vectorize without looking at the calls; this
+    runs after them, before lowering."""
+    body = tvm_ffi.structural_map(func.body, (tirx.For, _serial_if_scalar_only))
+    return func if body.same_as(func.body) else func.with_body(body)

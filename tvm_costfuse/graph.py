@@ -157,15 +157,17 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
     Limits: a block's iterations are the product of its iteration-variable extents, so a loop
     written inside a block body (hand-written, opaque blocks) or a nested block counts once
     per outer iteration. Relax's legalized operators (every zoo model) have none. ``pow`` to
-    a constant 2, 3 or 4 is free: ``fast_math`` makes it multiplies."""
+    a constant 2, 3 or 4 is free: ``fast_math`` makes it multiplies. A kernel written as
+    plain loops (no blocks) has no reduction the graph can see: (1, 0.0)."""
     if not isinstance(func.body, s_tir.SBlockRealize):
         return 1, 0.0
-    sch = s_tir.Schedule(func)
     best, calls = 1, 0.0
-    # The root block is the body's, whatever its name (hand-written TIR such as cumsum's
-    # "cumsum_generic" is not called "root").
-    for rv in sch.get_child_blocks(sch.get_sblock(func.body.block.name_hint)):
-        block = sch.get(rv)
+    # Every block below the body's (root) block, read from the IR: names need not be unique
+    # in hand-written TIR (an inner block may be called "root" too), so no lookup by name.
+    root = func.body.block
+    blocks: list = []
+    tvm_ffi.structural_walk(root.body, (s_tir.SBlock, blocks.append))
+    for block in blocks:
         extent = iterations = 1
         for iv in block.iter_vars:
             n = int(iv.dom.extent) if isinstance(iv.dom.extent, tvm.tirx.IntImm) else 1
@@ -203,6 +205,14 @@ def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, fl
     geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
         else None
     return pattern, flops, red, math_work, geometry
+
+
+def _has_reshape_pattern(func: tvm.tirx.PrimFunc) -> bool:
+    """TVM's ``has_reshape_pattern``, which requires a block-structured PrimFunc: a kernel
+    written as plain loops (no blocks) is no reshape to it, and it fails on one."""
+    if not isinstance(func.body, s_tir.SBlockRealize):
+        return False
+    return bool(relax.analysis.has_reshape_pattern(func))
 
 
 def _leaves(expr) -> list:
@@ -316,7 +326,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                     if pattern == OpPattern.OPAQUE
                     else None
                 )
-                reshape_like = bool(relax.analysis.has_reshape_pattern(mod[value.args[0]]))
+                reshape_like = _has_reshape_pattern(mod[value.args[0]])
                 view = reshape_like and isinstance(binding.var, relax.DataflowVar)
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
                             tuple(inputs), outputs, tuple(sizes), flops, in_bytes,

@@ -290,10 +290,17 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
             continue
         origin: dict = {}  # var inside the grouped function -> original binding name
         group: list[str] = []
-        for arg in calls[gv.name_hint].args:
+        # a tuple parameter -> the original binding its argument stands for, so that an item
+        # taken of it inside the group (``tt[0][0]``: the outer item stays in the caller,
+        # the inner one joins the group) can be named
+        tuple_source: dict = {}
+        for param, arg in zip(f.params, calls[gv.name_hint].args):
             item = main_value.get(arg) if arg not in orig_vars else None
             if isinstance(item, relax.TupleGetItem) and item.tuple_value in orig_vars:
                 group.append(original_item(item.tuple_value, item.index, group))
+                tuple_source[param] = by_name[group[-1]].var
+            elif arg in orig_vars:
+                tuple_source[param] = arg
         for block in f.body.blocks:
             for b in block.bindings:
                 v = b.value
@@ -302,6 +309,8 @@ def fuseops_groups(mod: tvm.IRModule, func_name: str = "main") -> list[list[str]
                 elif isinstance(v, relax.TupleGetItem) and v.tuple_value in origin:
                     producer = by_name[origin[v.tuple_value]].var
                     origin[b.var] = original_item(producer, v.index, group)
+                elif isinstance(v, relax.TupleGetItem) and v.tuple_value in tuple_source:
+                    origin[b.var] = original_item(tuple_source[v.tuple_value], v.index, group)
                 else:
                     raise NotImplementedError(
                         f"cannot attribute binding {b.var.name!r} of FuseOps group {gv.name_hint}"
