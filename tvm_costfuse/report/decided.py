@@ -47,22 +47,25 @@ def differences(graph: OpGraph, desc: TargetDesc, config: FusionConfig,
     Kernels are compared by their cores: without reshape-like ops, and without ops that are a
     view (no kernel) in either partition. A reshape fused into a kernel in one partition and
     left as a view in the other moves no computation, and would otherwise show as a
-    difference in nearly every transformer layer."""
+    difference in nearly every transformer layer. Each side is priced by its whole kernels,
+    as the plan priced them."""
     theirs, ours = kernels_of(graph, fuseops), kernels_of(graph, costfuse)
     in_kernel = [{n for k in side for n in k} for side in (theirs, ours)]
     moved = in_kernel[0] ^ in_kernel[1]
 
-    def cores(kernels: list[Kernel]) -> list[Kernel]:
-        kept = (tuple(n for n in k if n not in moved and not graph[n].reshape_like)
+    def cores(kernels: list[Kernel]) -> dict[frozenset, Kernel]:
+        """Each kernel's core -> the whole kernel, which is what is priced: a fused
+        attention stripped of its views is no attention to the cost model."""
+        kept = ((frozenset(n for n in k if n not in moved and not graph[n].reshape_like), k)
                 for k in kernels)
-        return [k for k in kept if k]
+        return {core: k for core, k in kept if core}
 
-    regions = differing_regions([frozenset(k) for k in cores(ours)],
-                                [frozenset(k) for k in cores(theirs)])
+    whole = {**cores(theirs), **cores(ours)}
+    regions = differing_regions(list(cores(ours)), list(cores(theirs)))
 
     def kernels(units) -> tuple[Kernel, ...]:
-        return tuple(sorted((tuple(sorted(u, key=lambda n: graph[n].index)) for u in units),
-                            key=lambda k: graph[k[0]].index))
+        return tuple(sorted((tuple(sorted(whole[u], key=lambda n: graph[n].index))
+                             for u in units), key=lambda k: graph[k[0]].index))
 
     def seconds(ks: tuple[Kernel, ...]) -> float:
         return sum(estimate(group_features(graph, k), desc, config.register_budget).seconds
