@@ -4,7 +4,8 @@ CUDA build offline, and the ONNX path.
 The whole matrix (every model x none/tvm/rules/costfuse on llvm, CostFuse for CUDA, every ONNX
 model) takes about 25 minutes of CPU on 2 cores: each build costs a few seconds per model, growing
 with its number of distinct kernels (LLVM codegen and the VM's JIT), up to ~30 s for DenseNet-121;
-shrinking the small variants further does not reduce that count. ``COSTFUSE_CORPUS=full`` runs it.
+shrinking the small variants further does not reduce that count. ``COSTFUSE_CORPUS=full`` runs it
+(``COSTFUSE_CORPUS_STRATEGIES`` picks its llvm strategies, e.g. every search and cost model).
 The default run keeps to about 5 minutes with the plan in ``DEFAULT``: every family, every strategy
 and both targets are covered, each on models where it is cheap; its tests are generated for that
 plan only (the models outside it are named in ``DEFAULT``'s comment).
@@ -33,6 +34,10 @@ from tvm_costfuse.targets import cuda_target, host_target
 
 STRATEGIES = ("none", "tvm", "rules", "costfuse")
 FULL = os.environ.get("COSTFUSE_CORPUS") == "full"
+# The full matrix's llvm strategies; e.g. "none,tvm,costfuse,costfuse-exact,costfuse-xgb,
+# costfuse-xgb-exact" checks every search and cost model on every model.
+FULL_STRATEGIES = tuple(s for s in os.environ.get("COSTFUSE_CORPUS_STRATEGIES", "").split(",")
+                        if s) or STRATEGIES
 # Float reassociation across fusions, relative to the output's scale: the outputs of deep
 # random-weight models are O(0.01)-O(1) and a per-element rtol would judge noise near zero.
 SCALED_TOL = 1e-4
@@ -122,7 +127,8 @@ def test_same_name_same_model() -> None:
 
 @pytest.mark.parametrize("name", _planned("llvm"))
 def test_strategies_match_pytorch_on_llvm(name: str) -> None:
-    strategies = STRATEGIES if FULL else tuple(s for s in DEFAULT[name] if s in STRATEGIES)
+    strategies = FULL_STRATEGIES if FULL else tuple(s for s in DEFAULT[name]
+                                                    if s in STRATEGIES)
     prepared, _, inputs, want = _imported(name)
     target = host_target()  # runs here: the host's ISA, whatever it is
     outcome = {}

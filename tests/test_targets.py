@@ -187,3 +187,18 @@ def test_calibration_off_measures_nothing(monkeypatch):
     monkeypatch.setattr(calibrate, "measure", lambda *a: pytest.fail("measured"))
     assert str(calibration.CALIBRATION_PATH) == "none"  # what conftest sets for the suite
     assert targets.host(num_cores=1).source.endswith("+default")
+
+
+def test_pipeline_takes_every_name_resolve_takes() -> None:
+    """``pipeline("h100")`` went through ``tvm.target.Target("h100")`` (no such tag) where
+    ``CostFuse(target="h100")`` worked: every public entry resolves targets one way."""
+    import tvm_costfuse
+    from tvm_costfuse import models
+    from tvm_costfuse.measurement.cuda_source import kernel_sources
+    from tvm_costfuse.targets import resolve
+
+    mod, _ = models.load("mlp_gelu", small=True)
+    target = resolve("h100").tvm
+    with target:
+        ex = tvm.compile(mod, target=target, relax_pipeline=tvm_costfuse.pipeline("h100"))
+    assert kernel_sources(ex)

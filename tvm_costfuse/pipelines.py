@@ -17,6 +17,7 @@ from tvm.relax.backend.cuda import pipeline as _cuda_backend
 
 from .schedules import cuda as cuda_schedules
 from .schedules import schedule_pass as cpu_schedule_pass
+from .targets import resolve
 from .transform import CostFuse
 
 _FUSION_STEPS = ("FuseOps", "FuseTIR")
@@ -122,14 +123,17 @@ def pipeline(target: tvm.target.Target | str | None = None, **config) -> tvm.tra
 
     Use as ``tvm.compile(mod, target, relax_pipeline=tvm_costfuse.pipeline(target))``.
     ``config`` takes CostFuse's arguments (``max_chain_length=...``); PassContext
-    ``costfuse.*`` keys apply to what is not given. With no target, the pipeline reads
+    ``costfuse.*`` keys apply to what is not given. ``target`` is anything
+    :func:`~tvm_costfuse.targets.resolve` takes (``"h100"``, ``"host"``, a tvm Target, a
+    description). With no target, the pipeline reads
     ``Target.current()`` when it runs (as the named pipeline ``"costfuse"`` does).
     """
-    def make(t: tvm.target.Target) -> tvm.transform.Pass:
-        return scheduled_pipeline(t, CostFuse(target=t, **config))
+    def make(t) -> tvm.transform.Pass:
+        resolved = resolve(t)  # a preset name ("h100"), a tvm Target, a description...
+        return scheduled_pipeline(resolved.tvm, CostFuse(target=resolved, **config))
 
     if target is not None:
-        return make(tvm.target.Target(target))
+        return make(target)
 
     @tvm.transform.module_pass(opt_level=0, name="CostFusePipeline")
     def _deferred(mod: tvm.IRModule, _ctx) -> tvm.IRModule:

@@ -22,7 +22,9 @@ from .transform import CostFuse
 STRATEGIES = ("stock", "none", "tvm", "rules", "costfuse")
 # Named variants: a strategy with fixed options (not in STRATEGIES: they need trained data).
 _VARIANTS = {"costfuse-xgb": ("costfuse", {"cost_model": "xgb"}),
-             "costfuse-measured": ("costfuse", {"cost_model": "measured"})}
+             "costfuse-measured": ("costfuse", {"cost_model": "measured"}),
+             "costfuse-exact": ("costfuse", {"search": "exact"}),
+             "costfuse-xgb-exact": ("costfuse", {"cost_model": "xgb", "search": "exact"})}
 
 
 def split_strategy(strategy: str) -> tuple[str, dict]:
