@@ -1,0 +1,129 @@
+"""Compile a user's model into a library a plain TVM program loads: what ``costfuse compile``
+does, as TVM users know it from ``tvmc compile``.
+
+The library is ``Executable.export_library``'s shared object: load it with
+``tvm.runtime.load_module(path)`` and run it with ``relax.VirtualMachine(lib, tvm.cpu())``; no
+part of CostFuse is needed at run time. Beside it, optionally, the plan as JSON (the same
+report ``costfuse explain --json`` prints: groups, decisions, predicted times).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import tvm
+
+from . import models
+from .config import PREFIX, FusionConfig
+from .measurement.timing import build, run
+from .strategies import STRATEGIES, strategy_pipeline
+from .targets import resolve
+
+__all__ = ["compile_model", "parse_config"]
+
+_FIELDS = {f.name: f.type for f in dataclasses.fields(FusionConfig)}
+
+
+def parse_config(items: list[str] | None) -> dict:
+    """``["max_chain_length=8", "costfuse.search=exact"]`` -> CostFuse's keyword arguments.
+
+    Keys are :class:`~tvm_costfuse.config.FusionConfig` fields, with or without the
+    ``costfuse.`` prefix of their PassContext keys; integer fields take integers. Ranges are
+    checked where the pass reads them (its errors name the key)."""
+    config: dict = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        key = key.strip().removeprefix(PREFIX)
+        if not sep or not key:
+            raise ValueError(f"--config takes key=value, got {item!r}")
+        if key not in _FIELDS:
+            raise ValueError(f"unknown config key {key!r}; known: {', '.join(_FIELDS)}")
+        if _FIELDS[key] in (int, "int"):
+            try:
+                config[key] = int(value)
+            except ValueError:
+                raise ValueError(f"{PREFIX}{key} takes an integer, got {value!r}") from None
+        else:
+            config[key] = value.strip()
+    return config
+
+
+def compile_model(model: str | tvm.IRModule, output: str, target="host",
+                  strategy: str = "costfuse", config: Mapping | None = None,
+                  report: str | None = None, inputs: Mapping[str, np.ndarray] | None = None,
+                  verify: bool = False) -> dict:
+    """Compile ``model`` for ``target`` with ``strategy`` and write the library to ``output``.
+
+    Parameters
+    ----------
+    model
+        Anything ``models.load`` takes (a registry name, an ``.onnx`` or ``.pt2`` path,
+        ``package.module:function``) or a Relax IRModule (then ``inputs`` gives its example
+        inputs).
+    target
+        Anything :func:`~tvm_costfuse.targets.resolve` takes (``host``, ``h100``, a tvm
+        Target or its dict).
+    strategy
+        ``costfuse`` (with ``config``), ``tvm`` (FuseOps), ``none``, or a named variant
+        (``costfuse-xgb``...).
+    report
+        Where to write the plan as JSON (CostFuse strategies only).
+    verify
+        Also build without fusion and check the library's outputs against it.
+
+    Returns
+    -------
+    A summary: ``output``, ``target``, ``strategy``, ``kernels`` (launched by one run on the
+    example inputs, on CPU targets), ``report`` and ``max_error`` where asked for.
+    """
+    config = dict(config or {})
+    if isinstance(model, str):
+        mod, example = models.load(model)
+    else:
+        mod, example = model, dict(inputs or {})
+    resolved = resolve(target)
+    base = strategy.split("-", 1)[0]
+    if base not in STRATEGIES or base == "stock":
+        raise ValueError(f"unknown strategy {strategy!r}; choose costfuse, tvm or none "
+                         "(or costfuse-xgb, costfuse-exact...)")
+    if config and base != "costfuse":
+        raise ValueError(f"--config applies to the costfuse strategies, not {strategy!r}")
+    pipeline = strategy_pipeline(strategy, resolved.tvm, cost_target=resolved.desc, **config)
+    with resolved.tvm:
+        ex = tvm.compile(mod, target=resolved.tvm, relax_pipeline=pipeline)
+    folder = os.path.dirname(os.path.abspath(output))
+    os.makedirs(folder, exist_ok=True)
+    ex.export_library(output)
+    summary: dict = {"output": output, "target": str(resolved.tvm), "strategy": strategy}
+    cpu = resolved.tvm.kind.name == "llvm"
+    if cpu and example:
+        calls: list[str] = []  # run as a user's program would: from the written file
+        got = run(tvm.runtime.load_module(output), example, calls=calls)
+        summary["kernels"] = len(calls)
+        if verify:
+            want = run(build(mod, resolved.tvm, None, None), example)
+            summary["max_error"] = max(
+                float(np.abs(g - w).max() / max(float(np.abs(w).max()), 1e-30))
+                for g, w in zip(got, want)) if want else 0.0
+    if report is not None:
+        if base != "costfuse":
+            raise ValueError("--report writes a CostFuse plan: use a costfuse strategy")
+        from .report.explain import explain
+
+        strategy_config = {**_variant_config(strategy), **config}
+        plan = explain(mod, resolved, **strategy_config)
+        plan["model"] = model if isinstance(model, str) else "<module>"
+        with open(report, "w") as f:
+            json.dump(plan, f, indent=1)
+        summary["report"] = report
+    return summary
+
+
+def _variant_config(strategy: str) -> dict:
+    from .strategies import split_strategy
+
+    return split_strategy(strategy)[1]
