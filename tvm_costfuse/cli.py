@@ -1,6 +1,6 @@
-"""The ``costfuse`` command.
+"""The ``costfuse`` command: cost-model-driven operator fusion for TVM, from the shell.
 
-``demo`` is the README's main job: it compiles a zoo model under several fusion strategies,
+Its arguments and their checks are in ``cli_args``; here are the commands. ``demo`` is the README's main job: it compiles a zoo model under several fusion strategies,
 checks that they compute the same thing, and prints kernels launched and measured latency
 side by side (one process, one machine state: ratios, not absolute numbers, are the claim).
 """
@@ -8,6 +8,7 @@ side by side (one process, one machine state: ratios, not absolute numbers, are 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,27 +17,15 @@ import numpy as np
 import tvm
 
 from . import models
-from .cli_args import (
-    UsageError,
-    compare_models,
-    config_int,
-    csv_choices,
-    int_at_least,
-    model_spec,
-    output_dir,
-    output_file,
-    plot_file,
-    rpc_tracker,
-)
+from .cli_args import UsageError, build_parser
 from .config import FusionConfig
 from .cost.learned import ModelFileError
 from .graph import build_graph
 from .measurement.timing import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
 from .pipelines import prepare
-from .report.compare import COMPARED, TARGETS
 from .strategies import STRATEGIES, strategy_pipeline
-from .targets import host_target, preset_names, resolve
+from .targets import host_target, resolve
 from .transform import plan_module
 from .tuning.integrity import DatabaseLocked, exclusive
 
@@ -69,8 +58,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         assert_close(run(ex, inputs, calls=calls), reference)  # raises, naming the output
         kernels[name] = len(calls)
     seconds = interleaved_medians(executables, inputs, repeat=args.repeat)
-    print("stock = TVM's default CPU pipeline (FuseOps, no schedules); the others share our "
-          "CPU schedules and differ in fusion only")
+    print("stock = TVM's relax.get_default_pipeline (FuseOps, no schedules); the others share "
+          "our CPU schedules and differ in fusion only")
     print(f"{'strategy':<9} {'kernels':>7} {'compile s':>10} {'latency ms':>11} {'vs tvm':>7}")
     for name in STRATEGIES:
         print(f"{name:<9} {kernels[name]:>7} {compile_s[name]:>10.2f} "
@@ -111,6 +100,28 @@ def _print_decisions(mod: tvm.IRModule, target, measured: float, shown: int = 8)
         print("  a loss: the cost model priced these regions wrong on this host (its "
               "description of the host, or a kernel it does not model); `costfuse explain` "
               "shows each price, `costfuse calibrate` re-measures the host")
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """``tvmc compile``'s job with CostFuse's fusion: one library, the plan beside it."""
+    from .export import check_request, compile_model, parse_config
+
+    try:
+        config = parse_config(args.config)
+        check_request(args.strategy, config, args.report)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    mod, inputs = _load(args.model, small=False)
+    summary = compile_model(mod, args.output, target=args.target, strategy=args.strategy,
+                            config=config, report=args.report, inputs=inputs,
+                            verify=args.verify, name=args.model)
+    print(f"wrote {summary['output']} ({summary['strategy']}, target {summary['target']}"
+          + (f", {summary['kernels']} kernels" if "kernels" in summary else "") + ")")
+    if "max_error" in summary:
+        print(f"largest relative error against no fusion: {summary['max_error']:.2e}")
+    if "report" in summary:
+        print(f"wrote the plan to {summary['report']}")
+    return 0
 
 
 def cmd_models(_args: argparse.Namespace) -> int:
@@ -260,101 +271,36 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """Errors as one line (``costfuse explain: error: argument ...``), exit status 2; the
-    usage is one ``--help`` away."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+COMMANDS = {"demo": cmd_demo, "compile": cmd_compile, "models": cmd_models, "graph": cmd_graph, "explain": cmd_explain,
+            "compare": cmd_compare, "tune": cmd_tune, "refeature": cmd_refeature,
+            "calibrate": cmd_calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="costfuse", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="compare fusion strategies on a zoo model")
-    # The default is a model whose fusion decision matters: FuseOps fuses its 20 elementwise
-    # ops into one kernel whose nested math calls stay scalar; CostFuse splits it where the
-    # calls would nest (docs/benchmarks.md, "Vectorized float32 math").
-    demo.add_argument("--model", default="elementwise_chain", type=model_spec)
-    demo.add_argument("--small", action="store_true", help="use the tiny test variant")
-    demo.add_argument("--repeat", type=int_at_least(1), default=5,
-                      help="timed repeats (median reported)")
-    demo.set_defaults(func=cmd_demo)
-    sub.add_parser("models", aliases=["zoo"], help="list the models loadable by name"
-                   ).set_defaults(func=cmd_models)
-    graph = sub.add_parser("graph", help="print a model's op graph and FuseOps' groups")
-    graph.add_argument("model", type=model_spec)
-    graph.add_argument("--small", action="store_true")
-    graph.set_defaults(func=cmd_graph)
-    explain = sub.add_parser("explain", help="CostFuse's plan for a model, with reasons and costs")
-    explain.add_argument("model", type=model_spec)
-    explain.add_argument("--target", default="host", choices=preset_names())
-    explain.add_argument("--small", action="store_true")
-    explain.add_argument("--json", action="store_true", help="print the report as JSON")
-    explain.add_argument("--plot", metavar="PNG", type=plot_file,
-                         help="draw the fused graph to this file")
-    explain.add_argument("--max-chain-length", type=config_int("max_chain_length"))
-    explain.add_argument("--max-body-ops", type=config_int("max_body_ops"))
-    explain.add_argument("--register-budget", type=config_int("register_budget"))
-    explain.set_defaults(func=cmd_explain)
-    cmp = sub.add_parser("compare", help="models x strategies x targets: kernels, bytes, "
-                         "predicted/measured time, registers; CSV, markdown and plots")
-    cmp.add_argument("--models", nargs="+", default=[["all"]], type=compare_models,
-                     help="model names, 'all' (the zoo), 'corpus', .onnx/.pt2 paths, "
-                          "module:function (torch); comma-separated or repeated")
-    cmp.add_argument("--strategies", default=list(COMPARED), type=csv_choices(COMPARED),
-                     help=f"comma-separated, from {','.join(COMPARED)}")
-    cmp.add_argument("--targets", default=["llvm"], type=csv_choices(TARGETS),
-                     help="llvm and/or cuda (cuda: offline)")
-    cmp.add_argument("--gpu", default="h200", choices=[n for n in preset_names() if n != "host"],
-                     help="description the cuda target is compiled and priced for")
-    cmp.add_argument("--out", default="compare_results", type=output_dir,
-                     help="output folder")
-    cmp.add_argument("--small", action="store_true", help="the zoo's small shapes")
-    cmp.add_argument("--repeat", type=int_at_least(1), default=5,
-                     help="interleaved timing rounds")
-    cmp.add_argument("--measure-cuda", action=argparse.BooleanOptionalAction, default=None,
-                     help="time CUDA builds (default: when a GPU is present)")
-    cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
-    cmp.set_defaults(func=cmd_compare)
-    tune = sub.add_parser("tune", help="measure candidate groups into tuning_logs/, retrain the "
-                          "learned model, re-plan (resumable: recorded groups are not re-measured)")
-    tune.add_argument("model", type=model_spec)
-    tune.add_argument("--budget", type=int_at_least(1), default=32,
-                      help="candidate groups to measure")
-    tune.add_argument("--small", action="store_true")
-    tune.add_argument("--target", default="host", choices=preset_names(),
-                      help="host CPU (timed here), or a GPU preset (CUDA kernels: ptxas "
-                           "registers and spills always, times where a GPU is present)")
-    tune.add_argument("--repeat", type=int_at_least(1), default=3)
-    tune.add_argument("--work-dir", default=None, type=output_dir,
-                      help="default tuning_logs/<target>/groups")
-    tune.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT:KEY",
-                      type=rpc_tracker,
-                      help="run the kernels on an RPC server from this TVM tracker")
-    tune.add_argument("--wait", action="store_true",
-                      help="another session writing the folder: wait for it (default: refuse)")
-    tune.set_defaults(func=cmd_tune)
-    ref = sub.add_parser("refeature", help="recompute the features of recorded groups (after "
-                         "the feature schema grew), keeping their timings")
-    ref.add_argument("--target", default="host", choices=preset_names())
-    ref.add_argument("--work-dir", default=None, type=output_dir,
-                     help="default tuning_logs/<target>/groups")
-    ref.set_defaults(func=cmd_refeature)
-    cal = sub.add_parser("calibrate", help="measure this host's bandwidth, FLOP/s and launch cost")
-    cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
-    cal.add_argument("--cores", type=int_at_least(1), default=None,
-                     help="threads (default: affinity)")
-    cal.add_argument("--path", default=None, type=output_file,
-                     help="JSON record (default in ~/.cache)")
-    cal.set_defaults(func=cmd_calibrate)
-    args = parser.parse_args(argv)
+    """Run one command; returns the exit status (2: a usage error, printed as one line)."""
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:
+        # The reader left (`costfuse models | head -1`): stop quietly, as a C tool killed by
+        # SIGPIPE would (status 141), and point stdout at devnull so the interpreter's final
+        # flush does not raise again (the recipe in Python's `signal` docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _dispatch(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    finally:  # --help and --version print, then exit: a closed pipe must show here too
+        sys.stdout.flush()
     np.set_printoptions(precision=4)
     try:
-        return args.func(args)
+        status = COMMANDS[args.cmd](args)
     except (UsageError, DatabaseLocked, ModelFileError) as err:
         print(f"costfuse {args.command}: error: {err}", file=sys.stderr)
         return 2
+    sys.stdout.flush()  # a closed pipe shows here, not at exit as "Exception ignored"
+    return status
 
 
 if __name__ == "__main__":

@@ -1,33 +1,31 @@
 """Fusion configuration: ``costfuse.*`` PassContext keys and the :class:`FusionConfig` they fill.
 
-TVM's ``PassContext`` rejects config keys nobody registered, and registration is C++ only
-(``PassContext::RegisterConfigOption``, exported by ``libtvm_compiler.so``). So
-:func:`register_config_keys` compiles a tiny shim with ``tvm_ffi.cpp.load_inline`` once per
-machine (cached under ``~/.cache/tvm_costfuse/``) and registers each key with a legalization
-function, so that TVM itself rejects a wrong type when the ``PassContext`` is built::
+TVM's ``PassContext`` rejects config keys nobody registered, and registration is C++ only, so
+:func:`register_config_keys` has the shim (``shim``: compiled once per machine, cached) register
+each key with a legalization function; TVM itself then rejects a wrong type when the
+``PassContext`` is built::
 
     register_config_keys()
     with tvm.transform.PassContext(opt_level=3, config={"costfuse.max_chain_length": 4}):
         cfg = FusionConfig.resolve()          # max_chain_length=4, the rest defaults
 
 Types are checked by TVM; ranges and names by :class:`FusionConfig` (``resolve`` validates).
-Nothing here reads the environment except the shim's cache location (``TVM_COSTFUSE_CACHE_DIR``).
+Nothing here reads the environment (``shim`` reads its cache location, ``TVM_COSTFUSE_CACHE_DIR``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
 import os
 import re
-import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import tvm
-import tvm_ffi
+
+# load_shim as _load_shim and shim_path: what config exported before the shim moved out.
+from .shim import load_shim as _load_shim  # noqa: F401
+from .shim import register_keys, shim_path
 
 __all__ = [
     "CONFIG_KEYS",
@@ -150,131 +148,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# --- registration ----------------------------------------------------------------------------
-
-# The legalization functions live in the shim: TVM calls them while building every PassContext
-# that carries the key, so the shim stays loaded for the life of the process.
-_SHIM_SOURCE = r"""
-#include <functional>
-#include <string>
-
-namespace tvm {
-namespace transform {
-// Forward declaration of the exported (private in TVM's header, which the wheel does not ship)
-// static member; access does not enter the mangled name.
-class PassContext {
- public:
-  static void RegisterConfigOption(const char* key, ::tvm::ffi::String value_type_str,
-                                   std::function<::tvm::ffi::Any(::tvm::ffi::Any)> legalization);
-};
-}  // namespace transform
-}  // namespace tvm
-
-namespace {
-using ::tvm::ffi::Any;
-
-// Python-facing name of what was passed (TVM's own message says "ffi.SmallStr" for a str).
-std::string PyTypeName(const Any& value) {
-  switch (value.type_index()) {
-    case ::tvm::ffi::TypeIndex::kTVMFFIStr:
-    case ::tvm::ffi::TypeIndex::kTVMFFISmallStr:
-    case ::tvm::ffi::TypeIndex::kTVMFFIRawStr:
-      return "str";
-    case ::tvm::ffi::TypeIndex::kTVMFFIBytes:
-    case ::tvm::ffi::TypeIndex::kTVMFFISmallBytes:
-      return "bytes";
-    default:
-      return value.GetTypeKey();
-  }
-}
-
-// Same wording as TVM's own RegisterConfigOption<T> ("Expect config K to have type T, ...").
-[[noreturn]] void Mismatch(const std::string& key, const char* type, const Any& value) {
-  TVM_FFI_THROW(AttributeError) << "Expect config " << key << " to have type " << type
-                                << ", but instead get " << PyTypeName(value);
-}
-}  // namespace
-
-// kind: "int" (Python int only; bool and float rejected) or "str" (Python str only).
-void costfuse_register_config(::tvm::ffi::String key, ::tvm::ffi::String kind) {
-  std::string k = key;
-  std::function<Any(Any)> legalize;
-  if (kind == "int") {
-    legalize = [k](Any value) -> Any {
-      if (value.type_index() != ::tvm::ffi::TypeIndex::kTVMFFIInt) Mismatch(k, "int", value);
-      return value;
-    };
-  } else if (kind == "str") {
-    legalize = [k](Any value) -> Any {
-      auto s = value.try_cast<::tvm::ffi::String>();
-      if (!s.has_value()) Mismatch(k, "str", value);
-      return *s;
-    };
-  } else {
-    TVM_FFI_THROW(ValueError) << "costfuse shim: unknown config kind '" << kind << "'";
-  }
-  ::tvm::transform::PassContext::RegisterConfigOption(k.c_str(), kind, legalize);
-}
-"""
-
-_LOCK = threading.Lock()
-_REGISTERED = False
-_SHIM = None  # the loaded tvm_ffi Module; kept so its code outlives every registered key
-
-
-def _compiler_lib_dir() -> Path:
-    """Directory of the libtvm_compiler this process loaded (the shim must bind to that one)."""
-    loaded = getattr(tvm.base, "_LOADED_LIBS", {}).get("tvm_compiler")
-    if loaded is not None and getattr(loaded, "_name", None):
-        return Path(loaded._name).resolve().parent
-    bundled = Path(tvm.__file__).resolve().parent / "lib"
-    if (bundled / "libtvm_compiler.so").exists() and not getattr(tvm.base, "_RUNTIME_ONLY", False):
-        return bundled
-    raise RuntimeError(
-        "tvm_costfuse: libtvm_compiler is not loaded (runtime-only TVM build?); "
-        "costfuse.* PassContext keys need it to be registered"
-    )
-
-
-def _build_dir(lib_dir: Path, cache_dir: str | os.PathLike | None) -> Path:
-    root = cache_dir or os.environ.get("TVM_COSTFUSE_CACHE_DIR") or "~/.cache/tvm_costfuse"
-    ident = "\0".join([_SHIM_SOURCE, tvm.__version__, tvm_ffi.__version__, str(lib_dir)])
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
-    return Path(root).expanduser() / f"passconfig_{digest}"
-
-
-def shim_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the compiled shim is (or will be) cached for this TVM install."""
-    return _build_dir(_compiler_lib_dir(), cache_dir) / "costfuse_passconfig.so"
-
-
-def _load_shim(cache_dir: str | os.PathLike | None) -> tvm_ffi.Module:
-    lib_dir = _compiler_lib_dir()
-    build_dir = _build_dir(lib_dir, cache_dir)
-    so = build_dir / "costfuse_passconfig.so"
-    if so.exists():
-        # Cached: load it directly (~1 ms); load_inline would rehash the source and run ninja
-        # (~5 ms, and ninja must then be installed wherever the cache is reused).
-        # If it is half-written by a concurrent build, go through load_inline's lock and ninja.
-        with contextlib.suppress(Exception):
-            return tvm_ffi.load_module(str(so))
-    try:
-        from tvm_ffi import cpp as ffi_cpp  # the C++ builder, only needed on a cache miss
-
-        return ffi_cpp.load_inline(
-            "costfuse_passconfig",
-            cpp_sources=_SHIM_SOURCE,
-            functions=["costfuse_register_config"],
-            extra_ldflags=[f"-L{lib_dir}", "-ltvm_compiler", f"-Wl,-rpath,{lib_dir}"],
-            build_directory=str(build_dir),
-        )
-    except Exception as err:
-        raise RuntimeError(
-            f"tvm_costfuse: could not build the C++ shim that registers the costfuse.* "
-            f"PassContext keys (needs a C++17 compiler and ninja; build dir {build_dir}, "
-            f"delete it to force a rebuild): "
-            f"{type(err).__name__}: {err}"
-        ) from err
+# --- registration (the C++ shim itself: ``shim``) -------------------------------------------
 
 
 def register_config_keys(cache_dir: str | os.PathLike | None = None) -> None:
@@ -289,38 +163,11 @@ def register_config_keys(cache_dir: str | os.PathLike | None = None) -> None:
     ----------
     cache_dir
         Where the compiled shim is cached; default ``$TVM_COSTFUSE_CACHE_DIR`` or
-        ``~/.cache/tvm_costfuse``.
+        ``~/.cache/tvm_costfuse`` (``shim`` says how a torn cached shim is caught).
 
     Raises
     ------
     RuntimeError
         When the shim cannot be built or loaded, or a key clashes; never skips silently.
     """
-    global _REGISTERED, _SHIM
-    if _REGISTERED:
-        return
-    with _LOCK:
-        if _REGISTERED:
-            return
-        known = tvm.transform.PassContext.list_configs()
-        missing = {}
-        for key, kind in CONFIG_KEYS.items():
-            if key not in known:
-                missing[key] = kind
-            elif str(known[key]["type"]) != kind:
-                raise RuntimeError(
-                    f"tvm_costfuse: PassContext key {key} is already registered with type "
-                    f"{known[key]['type']}, expected {kind}"
-                )
-        if missing:
-            shim = _SHIM or _load_shim(cache_dir)
-            for key, kind in missing.items():
-                shim.costfuse_register_config(key, kind)
-            _SHIM = shim
-            # A shim bound to another libtvm_compiler copy would fill that copy's registry.
-            lost = set(missing) - set(tvm.transform.PassContext.list_configs())
-            if lost:
-                raise RuntimeError(
-                    f"tvm_costfuse: keys {sorted(lost)} did not reach TVM's registry"
-                )
-        _REGISTERED = True
+    register_keys(CONFIG_KEYS, cache_dir)

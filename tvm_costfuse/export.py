@@ -23,7 +23,7 @@ from .measurement.timing import build, run
 from .strategies import STRATEGIES, strategy_pipeline
 from .targets import resolve
 
-__all__ = ["compile_model", "parse_config"]
+__all__ = ["check_request", "compile_model", "parse_config"]
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(FusionConfig)}
 
@@ -52,10 +52,23 @@ def parse_config(items: list[str] | None) -> dict:
     return config
 
 
+def check_request(strategy: str, config: Mapping | None, report: str | None) -> None:
+    """Raise ValueError naming what is wrong with a request, before anything is built."""
+    base = strategy.split("-", 1)[0]
+    if base not in STRATEGIES or base == "stock":
+        raise ValueError(f"unknown strategy {strategy!r}; choose costfuse, tvm or none "
+                         "(or costfuse-xgb, costfuse-exact...)")
+    if config and base != "costfuse":
+        raise ValueError(f"--config applies to the costfuse strategies, not {strategy!r}")
+    if report is not None and base != "costfuse":
+        raise ValueError("--report writes a CostFuse plan: use a costfuse strategy")
+    FusionConfig(**dict(config or {}))  # its ranges and choices, each error naming its key
+
+
 def compile_model(model: str | tvm.IRModule, output: str, target="host",
                   strategy: str = "costfuse", config: Mapping | None = None,
                   report: str | None = None, inputs: Mapping[str, np.ndarray] | None = None,
-                  verify: bool = False) -> dict:
+                  verify: bool = False, name: str | None = None) -> dict:
     """Compile ``model`` for ``target`` with ``strategy`` and write the library to ``output``.
 
     Parameters
@@ -74,6 +87,8 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
         Where to write the plan as JSON (CostFuse strategies only).
     verify
         Also build without fusion and check the library's outputs against it.
+    name
+        The model's name in the report (default: ``model`` when it is a string).
 
     Returns
     -------
@@ -85,20 +100,15 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
         mod, example = models.load(model)
     else:
         mod, example = model, dict(inputs or {})
+    check_request(strategy, config, report)
     resolved = resolve(target)
-    base = strategy.split("-", 1)[0]
-    if base not in STRATEGIES or base == "stock":
-        raise ValueError(f"unknown strategy {strategy!r}; choose costfuse, tvm or none "
-                         "(or costfuse-xgb, costfuse-exact...)")
-    if config and base != "costfuse":
-        raise ValueError(f"--config applies to the costfuse strategies, not {strategy!r}")
     pipeline = strategy_pipeline(strategy, resolved.tvm, cost_target=resolved.desc, **config)
     with resolved.tvm:
         ex = tvm.compile(mod, target=resolved.tvm, relax_pipeline=pipeline)
     folder = os.path.dirname(os.path.abspath(output))
     os.makedirs(folder, exist_ok=True)
     ex.export_library(output)
-    summary: dict = {"output": output, "target": str(resolved.tvm), "strategy": strategy}
+    summary: dict = {"output": output, "target": _short(resolved.tvm), "strategy": strategy}
     cpu = resolved.tvm.kind.name == "llvm"
     if cpu and example:
         calls: list[str] = []  # run as a user's program would: from the written file
@@ -110,17 +120,24 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
                 float(np.abs(g - w).max() / max(float(np.abs(w).max()), 1e-30))
                 for g, w in zip(got, want)) if want else 0.0
     if report is not None:
-        if base != "costfuse":
-            raise ValueError("--report writes a CostFuse plan: use a costfuse strategy")
         from .report.explain import explain
 
         strategy_config = {**_variant_config(strategy), **config}
         plan = explain(mod, resolved, **strategy_config)
-        plan["model"] = model if isinstance(model, str) else "<module>"
+        plan["model"] = name or (model if isinstance(model, str) else "<module>")
         with open(report, "w") as f:
             json.dump(plan, f, indent=1)
         summary["report"] = report
     return summary
+
+
+def _short(target: tvm.target.Target) -> str:
+    """``llvm -mcpu=znver3`` rather than the target's JSON."""
+    parts = [target.kind.name]
+    for key in ("mcpu", "arch"):
+        if target.attrs.get(key):
+            parts.append(f"-{key}={target.attrs[key]}")
+    return " ".join(parts)
 
 
 def _variant_config(strategy: str) -> dict:

@@ -1,7 +1,12 @@
 """Fusion strategies as whole TVM pipelines: what the demo, benchmarks and comparisons build.
 
-- ``stock``: TVM's default pipeline for the target (CPU: FuseOps and no schedule at all;
-  CUDA: FuseOps and dlight's rules);
+- ``stock``: ``relax.get_default_pipeline(target)``, TVM's per-target backend pipeline (llvm:
+  LegalizeOps, FuseOps, FuseTIR and no schedule at all; CUDA: the same fusion and dlight's
+  rules). It is not what ``tvm.compile(mod, target)`` runs when given no pipeline: for a
+  non-GPU target that resolves ``"default"`` to ``relax.get_pipeline("default")``
+  (``default_build_pipeline``: legalize and lower, no FuseOps, one kernel per op; 21 kernels
+  against FuseOps' 1 on the small ``elementwise_chain``), and only GPU targets get
+  ``get_default_pipeline`` (``relax/vm_build.py``, TVM 0.27);
 - ``none``: no fusion, our schedules; ``tvm``: FuseOps, our schedules;
 - ``rules``: pattern rules plus canonical patterns (``rules.RulesFuse``), our schedules;
 - ``costfuse``: the CostFuse pass, our schedules; ``costfuse-xgb``: the same with the learned

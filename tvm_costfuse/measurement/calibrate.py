@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -283,7 +284,8 @@ def calibrate(
 ) -> targets.TargetDesc:
     """Measure this machine and return its :class:`~tvm_costfuse.targets.TargetDesc`.
 
-    Saves the record to ``path`` (default :data:`DEFAULT_PATH`) unless ``save_record`` is False.
+    Saves the record to ``path`` (default :data:`DEFAULT_PATH`) unless ``save_record`` is False;
+    a record that cannot be saved is still returned (:func:`save` says why once).
     Takes ~10-15 s on 2 busy cores (``quick``: ~2-3 s: a 64 MB stream, fewer repeats).
     """
     record = measure(num_cores, quick)
@@ -305,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     record = measure(args.cores, args.quick)
     path = save(record, args.path)
     print(json.dumps(record, indent=2, sort_keys=True))
+    if path is None:  # save gave the reason
+        print(f"measured in {time.perf_counter() - t0:.1f} s, not saved", file=sys.stderr)
+        raise SystemExit(1)
     print(f"saved to {path} in {time.perf_counter() - t0:.1f} s")
 
 

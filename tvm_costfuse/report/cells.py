@@ -3,12 +3,23 @@ and the register figures of its kernels as the backend compilers report them."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 
 from ..measurement.cuda_source import cuda_source, kernel_sources
 from ..measurement.registers import cpu_spill_report, find_nvcc, ptxas_report
 
-__all__ = ["CSV_FIELDS", "Cell", "KernelRegs", "cpu_regs", "cuda_regs"]
+__all__ = ["CSV_FIELDS", "Cell", "KernelRegs", "cpu_regs", "cuda_regs", "is_shape_func"]
+
+# The host PrimFuncs Relax's VMShapeLower adds to a model with symbolic shapes (``shape_func``,
+# then ``shape_func1``... as names repeat): they compute the shapes at run time. The VM calls
+# them like kernels, in every strategy alike, but no fusion forms them and no plan counts them.
+_SHAPE_FUNC = re.compile(r"shape_func\d*")
+
+
+def is_shape_func(symbol: str) -> bool:
+    """Whether a called or compiled function is the VM's shape computation, not a kernel."""
+    return _SHAPE_FUNC.fullmatch(symbol) is not None
 
 
 @dataclass(frozen=True)
@@ -73,4 +84,5 @@ def cpu_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
         report = cpu_spill_report(ex)
     except ImportError as err:
         return (), str(err)
-    return tuple(KernelRegs(k, None, s.spill_bytes) for k, s in report.items()), ""
+    return tuple(KernelRegs(k, None, s.spill_bytes) for k, s in report.items()
+                 if not is_shape_func(k)), ""

@@ -3,7 +3,9 @@
 Per (model, strategy, target) one :class:`Cell`: kernels launched and bytes of intermediates
 written to global memory (``explain.kernels_of`` / ``explain.intermediate_bytes`` over the
 strategy's partition, planned once and built as planned with ``ApplyPartition``; on a measured
-target the kernels one run launches are counted and must match), the analytical model's
+target the kernels one run launches are counted and must match; the VM's shape functions of a
+model with symbolic shapes are not kernels, and a note says what such a model's figures leave
+out), the analytical model's
 predicted time for that partition (``planner.plan_cost``), the roofline bound of the model on the target, and -- where the target
 is present -- the measured time (all strategies of a model timed interleaved, ``measurement.timing``) with
 numerics checked against the ``none`` strategy. Register and spill figures come from the backend
@@ -39,7 +41,7 @@ from ..rules import rules_groups
 from ..strategies import split_strategy, strategy_pipeline
 from ..targets import Target, TargetDesc, resolve
 from ..transform import plan_module
-from .cells import Cell, cpu_regs, cuda_regs
+from .cells import Cell, cpu_regs, cuda_regs, is_shape_func
 from .explain import intermediate_bytes, kernels_of
 from .plots import plot_registers, plot_speedup
 from .tables import markdown_table, write_csv, write_kernels_csv
@@ -149,6 +151,19 @@ def roofline(graph: OpGraph, desc: TargetDesc) -> tuple[float, int, float]:
 
 
 # ------------------------------------------------------------------------------- compare
+def symbolic_note(graph: OpGraph) -> str:
+    """What a model with symbolic shapes (a dynamic batch) reports differently, or "": the
+    cost model cannot size those ops (their tensors count as 0 bytes in the bytes and times
+    predicted, and CostFuse leaves them to FuseOps), while the run uses the example inputs'
+    shapes. Without the note its figures would read as a static model's."""
+    calls = [n for n in graph.nodes if n.kind == "call_tir"]
+    n = sum(any(t.nbytes is None for t in node.outputs) for node in calls)
+    if not n:
+        return ""
+    return (f"symbolic shapes: {n} of {len(calls)} ops unsized (0 bytes in the predictions), "
+            "measured at the example inputs' shapes")
+
+
 def _error(err: BaseException) -> str:
     text = f"{type(err).__name__}: {err}".strip()
     # TVM errors carry a C++ backtrace first; keep the message lines at the end.
@@ -181,6 +196,7 @@ def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> li
         prepared = prepare(mod, t.tvm_target)
         graph = build_graph(prepared)
         flops, min_bytes, bound = roofline(graph, t.desc)
+        cell_note = "; ".join(x for x in (t.note, symbolic_note(graph)) if x)
     except Exception as err:  # noqa: BLE001
         for s in strategies:
             tick(f"{name}/{t.name}")
@@ -189,7 +205,7 @@ def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> li
     for s in strategies:
         tick(f"{name}/{s}/{t.name}")
         base = Cell(name, s, t.name, flops=flops, min_bytes=min_bytes, roofline_s=bound,
-                    note=t.note)
+                    note=cell_note)
         stage = "plan"
         try:
             groups = strategy_groups(s, prepared, graph, t.desc)
@@ -242,7 +258,7 @@ def _measure(cells: dict[str, Cell], built: dict, mod, inputs, t: _Target, repea
         except Exception as err:  # noqa: BLE001
             cells[s] = replace(cells[s], error=f"run: {_error(err)}")
             continue
-        launched = len(calls)
+        launched = sum(not is_shape_func(c) for c in calls)
         cells[s] = replace(cells[s], launched_kernels=launched)
         if launched != cells[s].kernels:  # the reported plan must be the built one
             cells[s] = replace(cells[s], error=f"plan: reports {cells[s].kernels} kernels, the "

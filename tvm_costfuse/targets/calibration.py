@@ -53,16 +53,74 @@ def _records(path: Path) -> dict[str, dict]:
     return {k: r for k, r in records.items() if isinstance(r, dict) and "figures" in r}
 
 
-def save_calibration(record: dict, path: str | os.PathLike | None = None) -> Path:
-    """Add (or replace) ``record`` among the file's records (default :data:`CALIBRATION_PATH`);
-    written to a temporary name and renamed, so a reader never sees half a file."""
-    path = Path(path).expanduser() if path else CALIBRATION_PATH
+def _is_record_file(path: Path) -> bool:
+    """Whether ``path`` holds what :func:`save_calibration` writes (``{"records": {key:
+    record}}``, or one bare record, the old format): only such a file may be replaced."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    if "records" not in data:  # the old format: one record, its CPU and its figures
+        return "cpu" in data and isinstance(data.get("figures"), dict)
+    records = data["records"]
+    return (set(data) == {"records"} and isinstance(records, dict)
+            and all(isinstance(r, dict) and "figures" in r for r in records.values()))
+
+
+def _refusal(path: Path) -> str | None:
+    """Why a record must not be written to ``path``, or None when it may: a folder, or a file
+    that is not a record file (one TVM_COSTFUSE_CALIBRATION names by mistake) is left alone."""
+    if str(path) in ("", ".", "none"):
+        return "TVM_COSTFUSE_CALIBRATION is empty or 'none': no record file is named"
+    try:
+        if path.is_dir():
+            return "it is a folder, not a file"
+        if (path.exists() or path.is_symlink()) and not _is_record_file(path):
+            return "it is not a calibration record file, so it is left as it is"
+    except OSError as err:
+        return str(err)
+    return None
+
+
+def _write(record: dict, path: Path) -> Path:
+    """Written to a temporary name and renamed, so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     records = _records(path) | {_key(record): record}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"records": records}, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps({"records": records}, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+_noticed: set[str] = set()  # notices given in this process: each once, not once per plan
+
+
+def save_calibration(record: dict, path: str | os.PathLike | None = None) -> Path | None:
+    """Add (or replace) ``record`` among the file's records (default :data:`CALIBRATION_PATH`);
+    the path written, or None after one notice when it cannot or must not be written.
+
+    First-use calibration saves through here: a read-only home, a folder or a stranger's file
+    must cost one notice, not every plan, and the measured figures still price this process'
+    plans (kept in memory, see :func:`calibrated_on_first_use`)."""
+    target = Path(path).expanduser() if path else CALIBRATION_PATH
+    why = _refusal(target)
+    if why is None:
+        try:
+            return _write(record, target)
+        except (OSError, ValueError) as err:  # ValueError: a path with no file name
+            why = str(err)
+    notice = (f"calibration record not saved to {target} ({why}); its figures price this "
+              "process' plans only. TVM_COSTFUSE_CALIBRATION names the record file, 'none' "
+              "turns calibration off")
+    if notice not in _noticed:
+        _noticed.add(notice)
+        _log.warning(notice)
+    return None
 
 
 def load_calibration(path: str | os.PathLike | None = None,

@@ -5,14 +5,18 @@ mask and a calibration record measured on this CPU by
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import re
 import subprocess
 from collections.abc import Mapping
+from numbers import Real
 from pathlib import Path
 
 import tvm
 
+from . import calibration as _store
 from . import isa
 from .calibration import calibrated_on_first_use, load_calibration
 from .cpu_id import host_cpu
@@ -31,6 +35,16 @@ _DEFAULT_LAUNCH_S = 1e-5
 # A serial call_tir costs the VM's dispatch alone: calibrate measured 0.14 us on a quiet
 # 2-vCPU Zen 4 (against 6.3 us for a parallel one); rounded up.
 _DEFAULT_LAUNCH_SERIAL_S = 2e-7
+# What a record's figures must be for the cost model to use them: bandwidths and FLOP/s divide
+# (> 0); launch costs add, and calibrate floors them at 0 when timer noise swamps one (>= 0).
+# l2_bw and l3_bw may be None (not measured); a figure a record leaves out keeps its default.
+_POSITIVE_FIGURES = ("dram_bw", "fp32_flops", "l2_bw", "l3_bw")
+_LAUNCH_FIGURES = ("launch_s", "launch_s_serial")
+_OPTIONAL_FIGURES = ("l2_bw", "l3_bw")
+
+_log = logging.getLogger(__name__)
+_noticed: set[str] = set()  # the notices given in this process (see _notice)
+_failed: set[tuple[str, int]] = set()  # (record file, cores) whose first use raised: not retried
 
 
 def host_target(num_cores: int | None = None) -> tvm.target.Target:
@@ -109,14 +123,49 @@ def host_caches() -> dict:
     return caches | {"source": source}
 
 
+def _notice(message: str) -> None:
+    """Warn once per process: host() runs for every plan, a notice per plan would bury it."""
+    if message not in _noticed:
+        _noticed.add(message)
+        _log.warning(message)
+
+
 def _calibration_record(calibration, cores: int) -> dict | None:
+    """The record ``calibration`` names, or None. A calibration problem (a file that is not a
+    record, a measurement that fails) costs a notice and the defaults, never the plan; a
+    failed first use is not measured again in this process, as it costs seconds each time."""
     if calibration is False or calibration is None:
         return None
     if isinstance(calibration, Mapping):
         return dict(calibration)
-    if calibration is True:
-        return calibrated_on_first_use(cores)
-    return load_calibration(calibration, cores)
+    where = str(_store.CALIBRATION_PATH if calibration is True else calibration)
+    if (where, cores) in _failed:
+        return None
+    try:
+        if calibration is True:
+            return calibrated_on_first_use(cores)
+        return load_calibration(calibration, cores)
+    except Exception as err:  # noqa: BLE001 -- whatever went wrong, the defaults still price
+        _failed.add((where, cores))
+        _notice(f"host calibration ({where}) failed, the defaults price plans: "
+                f"{type(err).__name__}: {err}")
+        return None
+
+
+def _bad_figure(figures) -> str | None:
+    """The first figure a record holds that the cost model cannot use, as ``name = value``:
+    a bandwidth of 0 divided by zero and a negative or infinite one gave negative or absurd
+    times. None when every figure is usable."""
+    if not isinstance(figures, Mapping):
+        return f"figures = {figures!r}"
+    for name in _POSITIVE_FIGURES + _LAUNCH_FIGURES:
+        if name not in figures or (figures[name] is None and name in _OPTIONAL_FIGURES):
+            continue
+        value = figures[name]
+        if (not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value)
+                or value < 0 or (value == 0 and name in _POSITIVE_FIGURES)):
+            return f"{name} = {value!r}"
+    return None
 
 
 def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None) -> TargetDesc:
@@ -148,8 +197,14 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
     record = _calibration_record(calibration, cores) if mcpu in (None, host_cpu()) else None
     figure_source = "default"
     if record and record.get("num_cores") == cores:
-        figures |= record["figures"]
-        figure_source = "calibrated"
+        bad = _bad_figure(record.get("figures"))
+        if bad is None:
+            figures |= {k: v for k, v in record["figures"].items() if k in figures}
+            figure_source = "calibrated"
+        else:
+            _notice(f"calibration record for {record.get('cpu')}, {cores} cores ignored: "
+                    f"{bad} is not a positive finite number; the defaults price plans "
+                    "(`costfuse calibrate` measures the host again)")
     fp32 = figures["fp32_flops"]
     return TargetDesc(
         name="host",

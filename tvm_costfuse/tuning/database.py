@@ -16,9 +16,14 @@ keeps a second record of the same workload (harmless: meta-schedule keeps the be
 
 One session writes at a time (:meth:`GroupDatabase.writing`, an advisory lock; ``integrity``),
 and the writer repairs what a kill left (a torn features line, meta-schedule files TVM cannot
-load) before it appends. The log holds one row per (model, group): a later row of a group
-supersedes the earlier one (a group re-measured after an environmental failure, or timed on a
-GPU after it was compiled without one), and the writer compacts superseded rows away.
+load) before it appends. Reading takes no lock and writes nothing (a read-only checkout or an
+installed package still serves the cost models); only a reader that finds damage, in a folder
+it may write and no one else is writing, repairs it in passing. A line that is valid JSON but
+not a record (``[]``, ``42``, a hand edit) is skipped with one warning naming its file and
+line, and the next writer drops it (kept in a backup). The log holds one row per (model,
+group): a later row of a group supersedes the earlier one (a group re-measured after an
+environmental failure, or timed on a GPU after it was compiled without one), and the writer
+compacts superseded rows away.
 
 A failed measurement is the kernel's (``build:`` / ``run:`` errors: recorded, not retried) or
 the environment's (a timeout, a lost worker, an RPC failure: logged with its full error text,
@@ -43,7 +48,7 @@ from tvm.s_tir import meta_schedule as ms
 from .integrity import DatabaseLocked, exclusive, repair_lines, salvage_ms_database, try_exclusive
 
 __all__ = ["FAILED_RUN_SECS", "DatabaseLocked", "GroupDatabase", "default_work_dir",
-           "failure_kind", "headline", "workload_hash"]
+           "failure_kind", "headline", "is_record", "symbolic_dims", "workload_hash"]
 
 _log = logging.getLogger(__name__)
 
@@ -99,6 +104,34 @@ def _key(row: dict) -> tuple[str, tuple[str, ...]]:
     return row["model"], tuple(row["members"])
 
 
+# What every row carries and every reader indexes by: a line without them is not a record.
+_RECORD_FIELDS = {"model": str, "members": list, "workload_hash": str, "run_secs": list}
+
+
+def is_record(value: object) -> bool:
+    """Whether a parsed features line is a row the readers can use: valid JSON alone (``[]``,
+    ``{"x": 1}``, ``42``) would crash them on the first key they look up."""
+    return (isinstance(value, dict)
+            and all(isinstance(value.get(k), t) for k, t in _RECORD_FIELDS.items())
+            and all(isinstance(m, str) for m in value["members"]))
+
+
+def symbolic_dims(func: tvm.tirx.PrimFunc) -> list[str]:
+    """The shape variables a kernel's parameters depend on (``n`` of a ``(n * 5, 16)``
+    buffer, or passed as a scalar), by name: meta-schedule records a kernel's arguments with
+    static shapes only (``ArgInfo``), and a random input for a symbolic shape has no size."""
+    dims: list[str] = []
+    for param in func.params:
+        shape = getattr(param.ty, "shape", None)  # a buffer parameter's BufferType
+        if shape is None:  # a scalar: a shape variable passed in
+            dims.append(param.name)
+            continue
+        for d in shape:
+            if not isinstance(d, tvm.tirx.IntImm):
+                dims += [v.name for v in tvm.tirx.analysis.undefined_vars(d, [])]
+    return list(dict.fromkeys(dims))
+
+
 def workload_hash(func: tvm.tirx.PrimFunc) -> str:
     """Structural hash of a group's unscheduled PrimFunc as a workload module (hex string)."""
     return f"{tvm_ffi.structural_hash(tvm.IRModule({'main': func})):016x}"
@@ -111,41 +144,64 @@ class GroupDatabase:
     ----------
     work_dir : str or Path
         Folder holding ``database_workload.json``, ``database_tuning_record.json`` (TVM's
-        ``JSONDatabase`` reads them as they are) and ``features.jsonl``. Created if missing.
+        ``JSONDatabase`` reads them as they are) and ``features.jsonl``. Created on the first
+        write: opening reads only.
     """
 
     def __init__(self, work_dir: str | Path) -> None:
         self.work_dir = Path(work_dir)
-        self.work_dir.mkdir(parents=True, exist_ok=True)
         self._ms: ms.database.JSONDatabase | None = None
         self.features_path = self.work_dir / FEATURES_FILE
         self.repairs: list[str] = []  # what opening repaired, one line each
         self._writing = False
-        with try_exclusive(self.work_dir) as free:
-            if free:  # nobody is appending: a torn last line is a kill's, not a write's
-                self._writing = True
-                try:
-                    self._repair_features()
-                finally:
-                    self._writing = False
-        self._load_rows()
+        self._skipped: list[tuple[int, bytes]] = []  # (line number, line): JSON, not a record
+        # The lock only when there is something to repair (a clean read creates no file), and
+        # only if it is free (nobody appending: a torn last line is a kill's, not a write's)
+        # and the folder writable (else read as it is).
+        if self._load_rows():
+            with try_exclusive(self.work_dir) as free:
+                if free:
+                    self._writing = True
+                    try:
+                        self._repair_features()
+                    finally:
+                        self._writing = False
+        if self._skipped:
+            _log.warning("%s: skipped %d line(s) of valid JSON that are not records (%s); "
+                         "the next `costfuse tune` here drops them", self.features_path,
+                         len(self._skipped), ", ".join(f"line {n}: {line[:40]!r}"
+                                                       for n, line in self._skipped))
 
     # ------------------------------------------------------------------ reading
-    def _read_rows(self) -> Iterator[dict]:
+    def _read_rows(self) -> tuple[list[dict], bool]:
+        """(the records, whether a line needs repair: torn, not a record, no newline)."""
+        self._skipped = []
         if not self.features_path.exists():
-            return
+            return [], False
+        rows, damaged = [], False
         with open(self.features_path, "rb") as f:
-            for line in f:
+            for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
+                damaged |= not line.endswith(b"\n")
                 try:
-                    yield json.loads(line)
+                    value = json.loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError):
-                    # Only while another session holds the lock (it repairs when it opens).
+                    # A kill's torn line, or one another session is writing right now.
+                    damaged = True
                     continue
+                if is_record(value):
+                    rows.append(value)
+                else:
+                    self._skipped.append((number, line.rstrip(b"\n")))
+        return rows, damaged or bool(self._skipped)
 
-    def _load_rows(self) -> None:
-        self._index(list(self._read_rows()))
+    def _load_rows(self) -> bool:
+        """Read the log; returns whether something in it wants repair (a damaged line, or
+        rows a later one supersedes)."""
+        rows, damaged = self._read_rows()
+        self._index(rows)
+        return damaged or len(self._lines) != len(self._current)
 
     def _index(self, lines: list[dict]) -> None:
         self._lines = lines
@@ -161,8 +217,9 @@ class GroupDatabase:
         self.repairs += notes
 
     def _repair_features(self) -> None:
-        """Torn lines, then superseded rows (holding the lock)."""
-        self._note(repair_lines(self.features_path))
+        """Torn lines and lines that are not records, then superseded rows (holding the
+        lock)."""
+        self._note(repair_lines(self.features_path, is_record))
         self._load_rows()
         if len(self._lines) == len(self._current):
             return
@@ -200,7 +257,7 @@ class GroupDatabase:
         that has run times (a CUDA kernel compiled without a GPU has none); with ``kernels``,
         the first stamped with that kernel version."""
         return next((r for r in self._current.values() if r["workload_hash"] == whash
-                     and r["measured"] and (r["run_secs"] or not timed)
+                     and r.get("measured") and (r["run_secs"] or not timed)
                      and (kernels is None or r.get("kernels") == kernels)), None)
 
     def is_untimed(self, model: str, members: tuple[str, ...]) -> bool:
@@ -218,6 +275,7 @@ class GroupDatabase:
         if self._writing:
             yield self
             return
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         with exclusive(self.work_dir, wait, log):
             self._writing = True
             try:
@@ -234,6 +292,7 @@ class GroupDatabase:
     def ms_database(self) -> ms.database.JSONDatabase:
         """TVM's view of the same folder (opened on first use)."""
         if self._ms is None:
+            self.work_dir.mkdir(parents=True, exist_ok=True)  # TVM creates missing files in it
             self._ms = ms.database.JSONDatabase(work_dir=str(self.work_dir))
         return self._ms
 
@@ -249,22 +308,27 @@ class GroupDatabase:
         """Commit one measured group: workload + TuningRecord, then its features line.
 
         ``row`` carries model, members, features, feature_names and error; the workload hash,
-        target and run times are filled in here.
+        target and run times are filled in here. Everything that can refuse the kernel (a
+        symbolic shape: ``ValueError``) does so before the workload is written, so the
+        workload file never gains a line without its record.
         """
+        dims = symbolic_dims(func)
+        if dims:
+            raise ValueError(f"kernel with symbolic shapes ({', '.join(dims)}): meta-schedule "
+                             "records static shapes only")
         if not self._writing:
             with self.writing(wait=True):
                 return self.commit(func, trace, run_secs, target, row)
         mod = tvm.IRModule({"main": func})
-        db = self.ms_database
-        workload = db.commit_workload(mod)
+        # The record's parts first: what refuses the kernel raises before either file grows.
         args_info = ms.arg_info.ArgInfo.from_prim_func(func)
         # No run times (CUDA compiled without a GPU): a record without run_secs, as
         # meta-schedule keeps for candidates it never ran.
+        secs = [float(s) for s in run_secs] if run_secs else None
+        db = self.ms_database
+        workload = db.commit_workload(mod)
         db.commit_tuning_record(
-            ms.database.TuningRecord(trace, workload,
-                                     [float(s) for s in run_secs] if run_secs else None,
-                                     target, args_info)
-        )
+            ms.database.TuningRecord(trace, workload, secs, target, args_info))
         return self.append_row({**row, "run_secs": [float(s) for s in run_secs],
                                 "target": str(target), "workload_hash": workload_hash(func),
                                 "measured": True})

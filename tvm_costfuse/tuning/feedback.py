@@ -25,10 +25,16 @@ candidate and the session goes on. A failure of the kernel's build or run is a r
 (``run_secs = [1e10]`` plus the full error text); any other (a timeout, a lost worker, RPC) is
 logged in the features log as the environment's and measured again next session. Arguments
 that would fail every candidate alike (an RPC tracker that does not answer) are refused first.
+
+A candidate whose kernel has symbolic shapes (a dynamic batch) is not measured, and a warning
+says how many were left out: the planner never prices such a group (``transform`` leaves it to
+FuseOps), meta-schedule's database records static shapes only, and a random input for a
+symbolic shape has no size to time.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -55,6 +61,7 @@ from .database import (
     default_work_dir,
     failure_kind,
     headline,
+    symbolic_dims,
     workload_hash,
 )
 from .runners import (
@@ -71,6 +78,8 @@ from .versions import kernel_version
 __all__ = ["MeasureConfig", "MeasureSummary", "build_and_profile_cuda", "candidate_groups",
            "group_kernel", "measure_model"]
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass
 class MeasureSummary:
@@ -85,6 +94,7 @@ class MeasureSummary:
     unformable: int = 0  # the planner weighed it but apply_partition rejects it (not convex)
     untimed: int = 0  # CUDA without a GPU: compiled and ptxas-profiled, not timed
     views: int = 0  # a lone reshape: TVM runs it as a view, there is no kernel to time
+    symbolic: int = 0  # a kernel with symbolic shapes: never priced, not recordable, not timed
     # failed for a reason outside the kernel (timeout, lost worker, RPC): measured again next
     # session (also counted in ``failed``)
     environment: int = 0
@@ -216,7 +226,9 @@ def measure_model(
         Counts of measured, failed, reused (workload already in the database), skipped and
         unformable groups (a merge the planner rejected as not convex has no kernel), and of
         lone reshapes left unmeasured (a model runs them as views).
-        Nothing raised by building or running a kernel escapes. Raises ``ValueError`` before
+        Groups whose kernel has symbolic shapes are counted in ``symbolic``, not measured,
+        and one warning names how many. Nothing raised by building or running a kernel
+        escapes. Raises ``ValueError`` before
         measuring when the RPC tracker cannot serve, ``DatabaseLocked`` when another session
         writes ``work_dir`` and ``wait`` is false.
     """
@@ -248,6 +260,10 @@ def measure_model(
         _measure_all(db, model, graph, prep, marked, cands, target, config,
                      _Runner(config, runner_fn or default_fn), gpu, summary, log)
     summary.seconds = time.perf_counter() - start
+    if summary.symbolic:
+        _log.warning("%s: %d candidate group(s) with symbolic shapes not measured (the planner "
+                     "leaves them to FuseOps; meta-schedule records static shapes only)",
+                     model, summary.symbolic)
     return summary
 
 
@@ -274,6 +290,12 @@ def _measure_all(db, model, graph, prep, marked, cands, target, config, runner, 
                 summary.unformable += 1
                 summary.errors.append(f"{members}: fuse: {err}")
                 log(f"  {model} {'+'.join(members)}: could not form the kernel: {err}")
+                continue
+            dims = symbolic_dims(func)
+            if dims:
+                summary.symbolic += 1
+                log(f"  {model} {'+'.join(members)}: symbolic shapes ({', '.join(dims)}): "
+                    "not measured")
                 continue
             whash = workload_hash(func)
             old = (db.row_for_hash(whash, timed=gpu, kernels=kernels)

@@ -3,10 +3,12 @@
 - :func:`exclusive` -- an advisory ``fcntl.flock`` on ``<folder>/.lock``: one session writes,
   another waits or is refused (:class:`DatabaseLocked`, naming the holder). Only the holder
   repairs: a reader that truncated a line another session is still writing would destroy it.
+  A reader never needs the lock (:func:`try_exclusive` yields False in a folder it may not
+  write), so a read-only tuning folder still serves the cost models.
 - :func:`repair_lines` -- a JSON-lines file (the features log) after a kill: a torn last line
   is cut off (a complete one missing only its newline is kept); a line where a torn record was
-  glued to the next one keeps the complete record; anything else unreadable is dropped. Each
-  repair is one note naming the file and line.
+  glued to the next one keeps the complete record; anything else unreadable, or valid JSON
+  that is not a record, is dropped. Each repair is one note naming the file and line.
 - :func:`salvage_ms_database` -- meta-schedule's ``database_workload.json`` /
   ``database_tuning_record.json`` when TVM's ``JSONDatabase`` cannot load them: every line TVM
   accepts is kept (tuning records re-indexed onto the kept workloads; a record whose index
@@ -20,6 +22,7 @@ repair leaves the old file or the new one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -36,6 +39,8 @@ _log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
+# What opening the lock file raises in a folder this process may not write.
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class DatabaseLocked(RuntimeError):
@@ -81,15 +86,26 @@ def exclusive(work_dir: Path, wait: bool = False,
 
 
 def try_exclusive(work_dir: Path) -> contextlib.AbstractContextManager[bool]:
-    """The write lock if it is free now: yields whether it was taken."""
+    """The write lock if it is free now: yields whether it was taken. Also False when the
+    folder cannot be written at all (a read-only mount, an installed package, another user's
+    checkout): the caller only wanted to repair in passing, and a reader must not fail because
+    it may not write."""
 
     @contextlib.contextmanager
     def attempt() -> Iterator[bool]:
-        try:
-            with exclusive(work_dir, wait=False):
-                yield True
-        except DatabaseLocked:
-            yield False
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(exclusive(work_dir, wait=False))
+            except DatabaseLocked:
+                yield False
+                return
+            except OSError as err:
+                if err.errno not in _UNWRITABLE:
+                    raise
+                _log.debug("%s is not writable (%s): read as it is", work_dir, err.strerror)
+                yield False
+                return
+            yield True
 
     return attempt()
 
@@ -132,11 +148,18 @@ def _glued_record(line: bytes) -> bytes | None:
     return None
 
 
-def repair_lines(path: Path) -> list[str]:
+def repair_lines(path: Path, is_record: Callable[[object], bool] | None = None) -> list[str]:
     """Repair a JSON-lines file in place after a kill; returns one note per repaired line
-    (none: the file was whole and is untouched). Call it holding the folder's lock."""
+    (none: the file was whole and is untouched). ``is_record``: which parsed lines are
+    records; a line of valid JSON that is not one (``[]``, ``42``, a hand edit) is dropped
+    like a garbled one, kept in the backup. Call it holding the folder's lock."""
     if not path.exists():
         return []
+
+    def whole(line: bytes) -> bool:
+        value = _parse(line)
+        return value is not None and (is_record is None or is_record(value))
+
     data = path.read_bytes()
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
@@ -147,32 +170,39 @@ def repair_lines(path: Path) -> list[str]:
         if not line.strip():
             rewrite |= bool(line)
             continue
-        if _parse(line) is not None:
+        if whole(line):
             kept.append(line)
             continue
         rewrite = True
         glued = _glued_record(line)
-        if glued is not None:
+        if glued is not None and whole(glued):
             kept.append(glued)
             notes.append(f"{path} line {number}: a record cut short by a kill, with the next "
                          f"one written after it: kept the complete one, dropped "
                          f"{len(line) - len(glued)} bytes")
+        elif _parse(line) is not None:
+            notes.append(f"{path} line {number}: JSON but not a record ({line[:40]!r}): "
+                         "dropped")
         else:
             notes.append(f"{path} line {number}: not a JSON record ({line[:40]!r}...): dropped")
     if tail:
         number = len(lines) + 1
-        if _parse(tail) is not None:
+        if whole(tail):
             kept.append(tail)
             notes.append(f"{path} line {number}: complete but without its newline: kept")
             if not rewrite:
                 with open(path, "ab") as f:
                     f.write(b"\n")
                 return notes
-        elif (glued := _glued_record(tail)) is not None:
+        elif (glued := _glued_record(tail)) is not None and whole(glued):
             kept.append(glued)
             rewrite = True
             notes.append(f"{path} line {number}: a torn record glued to a complete one: kept "
                          f"the complete one")
+        elif _parse(tail) is not None:
+            rewrite = True
+            notes.append(f"{path} line {number}: JSON but not a record ({tail[:40]!r}): "
+                         "dropped")
         elif not rewrite:
             # Only the last line is torn: cut it off where it starts.
             os.truncate(path, len(data) - len(tail))
