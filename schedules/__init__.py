@@ -11,7 +11,7 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from ._loops import int32_partition_loops
-from .cpu import Attention, Contraction, Fallback, RowReduction, rules
+from .cpu import Attention, Contraction, Fallback, RowReduction, first_rule, rules
 from .fast_math import fast_math_pass
 from .math_calls import scalar_math_loops
 from .prepack import mark_constant_weights, pack_constants
@@ -22,6 +22,7 @@ __all__ = [
     "Fallback",
     "RowReduction",
     "finish_pass",
+    "first_rule",
     "rules",
     "schedule_pass",
 ]

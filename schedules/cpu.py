@@ -41,7 +41,7 @@ from .classes import ScheduleClass
 from .contraction import Contraction
 from .reduction import RowReduction
 
-__all__ = ["Attention", "Contraction", "Fallback", "RowReduction", "rules"]
+__all__ = ["Attention", "Contraction", "Fallback", "RowReduction", "first_rule", "rules"]
 
 
 class Fallback(SafeRule):
@@ -76,3 +76,15 @@ class Fallback(SafeRule):
 def rules() -> list[dl.ScheduleRule]:
     """The CPU rules in policy order: most specific first, the always-applying one last."""
     return [Contraction(), Attention(), RowReduction(), Fallback()]
+
+
+def first_rule(func: tirx.PrimFunc, target: Target
+               ) -> tuple[dl.ScheduleRule | None, s_tir.Schedule | None]:
+    """The rule ``ApplyDefaultSchedule(*rules())`` schedules ``func`` with, and its schedule
+    ((None, None) when none applies): what the cost model's predicted class is checked
+    against (``GroupFeatures.schedule_on`` must be one of the rule's ``classes``)."""
+    for rule in rules():
+        sch = rule.apply(func, target, False)
+        if sch is not None:
+            return rule, sch
+    return None, None

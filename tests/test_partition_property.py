@@ -1,6 +1,8 @@
 """Property: every convex partition of every zoo model builds and computes what the unfused
-model computes. 157 plans per run, drawn by hypothesis (fixed seed in CI); fewer for the two
-CNNs, whose ~100 distinct kernels take seconds to build per plan."""
+model computes. 104 plans per run, drawn by hypothesis (fixed seed in CI); fewer for the two
+CNNs, whose ~100 distinct kernels take seconds to build per plan. The same interval groupings
+on random programs with adversarial extents are the fuzzer's (``tests/test_fuzz.py``,
+``scripts/fuzz.py``)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ from tvm_costfuse import apply_partition, models
 from tvm_costfuse.graph import OpGraph, build_graph
 from tvm_costfuse.measurement.timing import assert_close, build, run
 
-PLANS = {"mobilenetv2": 5, "resnet18": 8, "bert_layer": 18, "gpt2_block": 18}
-DEFAULT_PLANS = 18
-assert sum(PLANS.get(n, DEFAULT_PLANS) for n in models.zoo.names()) >= 150
+PLANS = {"mobilenetv2": 3, "resnet18": 5, "bert_layer": 12, "gpt2_block": 12}
+DEFAULT_PLANS = 12
+assert sum(PLANS.get(n, DEFAULT_PLANS) for n in models.zoo.names()) >= 100
 
 
 @st.composite

@@ -37,7 +37,10 @@ def model():
 @pytest.fixture(scope="module")
 def work_dir(tmp_path_factory, target, model):
     path = tmp_path_factory.mktemp("tuning")
-    tune_model(model[0], target, path, max_trials=2, op_names=["gelu"])
+    # The records' round trip is under test, not the search or the worker pools (their
+    # start-up alone is minutes on 2 busy cores)
+    tune_model(model[0], target, path, max_trials=2, op_names=["gelu"], strategy="replay-trace",
+               in_process=True)
     return path
 
 

@@ -18,6 +18,9 @@ builder timeout kills every candidate; we use 180 s.
 
 from __future__ import annotations
 
+import importlib
+import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,6 +56,70 @@ class _LocalBuilder(ms.builder.LocalBuilder._cls):
             super()._sanity_check()
 
 
+@derived_object
+class _InProcessBuilder(ms.builder.PyBuilder):
+    """LocalBuilder's work in this process: no worker to start (each LocalBuilder batch
+    starts a fresh one, which imports TVM's tensor intrinsics first: ~50 s on 2 busy cores).
+    For smoke runs; a build that crashes takes this process with it."""
+
+    def build(self, build_inputs):
+        from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func
+
+        results = []
+        for bi in build_inputs:
+            try:
+                path = _worker_func(None, None, bi.mod, bi.target, bi.params)
+                results.append(ms.builder.BuilderResult(path, None))
+            except Exception as err:  # noqa: BLE001 -- recorded as the candidate's failure
+                results.append(ms.builder.BuilderResult(None, f"in-process build: {err}"))
+        return results
+
+
+@derived_object
+class _InProcessRunner(ms.runner.PyRunner):
+    """LocalRunner's work (TVM's own worker function) in this process, for smoke runs."""
+
+    def __init__(self, timeout_sec: float) -> None:
+        super().__init__()
+        self.config = ms.runner.EvaluatorConfig._normalized(None)
+
+    def run(self, runner_inputs):
+        from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture, _worker_func
+
+        futures = []
+        for ri in runner_inputs:
+            try:
+                costs = _worker_func(None, None, None, self.config, 1, str(ri.artifact_path),
+                                     str(ri.device_type),
+                                     tuple(a.as_json() for a in ri.args_info))
+                futures.append(LocalRunnerFuture(res=costs, error_message=None))
+            except Exception as err:  # noqa: BLE001 -- recorded as the candidate's failure
+                futures.append(LocalRunnerFuture(res=None, error_message=str(err)))
+        return futures
+
+
+def _import_tensor_intrinsics() -> None:
+    """Import TVM's tensor intrinsics (meta-schedule's TuneContext imports them on first use)
+    from a fresh thread. Their TVMScript parser calls ``inspect.stack()`` some 500 times, and
+    each call's cost grows with the caller's stack depth: measured 38 s from a fresh thread
+    against 222 s at a depth of 60 frames (a test runner's) on a 2-core host."""
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    failure: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            importlib.import_module("tvm.s_tir.tensor_intrin")
+        except BaseException as err:  # noqa: BLE001 -- raised again in the caller's thread
+            failure.append(err)
+
+    thread = threading.Thread(target=load, name="costfuse-tensor-intrin")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
 def fuse(mod: tvm.IRModule, target: tvm.target.Target | str, fusion: str = "tvm") -> tvm.IRModule:
     """The module the schedule pass sees: pre-fusion passes, ``fusion``, ``FuseTIR``.
 
@@ -73,6 +140,8 @@ def tune_model(
     op_names: Sequence[str] | None = None,
     max_workers: int = 1,
     seed: int = 0,
+    strategy: str = "evolutionary",
+    in_process: bool = False,
 ) -> ms.Database:
     """Tune the fused kernels of ``mod`` for ``target`` into a JSON database in ``work_dir``.
 
@@ -99,6 +168,10 @@ def tune_model(
         Builder processes. One is fastest on 2 cores: each worker pays the TVM import.
     seed : int
         Search seed.
+    strategy : str
+        Meta-schedule's search strategy: ``evolutionary`` (its default, a cost-model-guided
+        search over a population of thousands) or ``replay-trace`` (random samples of the
+        design space, no search: seconds instead of minutes, for smoke runs).
 
     Returns
     -------
@@ -113,6 +186,7 @@ def tune_model(
     num_tasks = sum(1 for n in names if not op_names or any(op in n for op in op_names))
     if num_tasks == 0:
         raise ValueError(f"no task matches op_names={op_names}; tasks: {', '.join(names)}")
+    _import_tensor_intrinsics()
     return ms.relax_integration.tune_relax(
         mod=fused,
         params={},
@@ -124,9 +198,12 @@ def tune_model(
         # The scheduler's first round visits every task once: a batch of a fair share each,
         # instead of the whole budget going to the first task.
         num_trials_per_iter=max(1, min(64, max_trials // num_tasks)),
-        builder=_LocalBuilder(max_workers=max_workers, timeout_sec=BUILDER_TIMEOUT_S),
-        runner=ms.runner.LocalRunner(timeout_sec=RUNNER_TIMEOUT_S),
+        builder=(_InProcessBuilder() if in_process
+                 else _LocalBuilder(max_workers=max_workers, timeout_sec=BUILDER_TIMEOUT_S)),
+        runner=(_InProcessRunner(RUNNER_TIMEOUT_S) if in_process
+                else ms.runner.LocalRunner(timeout_sec=RUNNER_TIMEOUT_S)),
         database=ms.database.JSONDatabase(work_dir=str(work_dir)),
+        strategy=strategy,
         seed=seed,
     )
 
