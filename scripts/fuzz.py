@@ -28,19 +28,22 @@ def main() -> int:
     stop = time.monotonic() + 60 * args.minutes
     ran, failures, cases = 0, [], collections.Counter()
     seed = args.seed
-    while ran < args.count and time.monotonic() < stop:
-        draws = Draws.seeded(seed)
-        program = draw_program(draws, args.max_ops)
-        case = draw_case(draws)
-        cases[(case.grouping, case.target)] += 1
-        try:
-            check(program, case, draws)
-        except Exception as err:  # noqa: BLE001 -- every failure is a finding: record it, go on
-            failures.append(seed)
-            print(f"seed {seed}: FAIL {type(err).__name__}: {str(err).strip()[:400]}",
-                  flush=True)
-        ran += 1
-        seed += 1
+    try:
+        while ran < args.count and time.monotonic() < stop:
+            draws = Draws.seeded(seed)
+            program = draw_program(draws, args.max_ops)
+            case = draw_case(draws)
+            try:
+                check(program, case, draws)
+            except Exception as err:  # noqa: BLE001 -- every failure is a finding: go on
+                failures.append(seed)
+                print(f"seed {seed}: FAIL {type(err).__name__}: {str(err).strip()[:400]}",
+                      flush=True)
+            cases[(case.grouping, case.target)] += 1
+            ran += 1
+            seed += 1
+    except KeyboardInterrupt:  # stopped early: the summary of what ran still counts
+        print(f"interrupted at seed {seed}")
     print(f"{ran} programs (seeds {args.seed}..{seed - 1}), {len(failures)} failed"
           + (f": seeds {failures}" if failures else ""))
     for (grouping, target), n in sorted(cases.items()):

@@ -191,7 +191,12 @@ class _Builder:
             return False
         shape = self.shape(x)
         self.used.add(i)
-        if self.d.coin():
+        # A layer norm over a unit axis is degenerate: x - mean is 0 in exact arithmetic and
+        # the output is beta, but a fused kernel that recomputes x with another rounding (an
+        # inlined average pool) leaves an ulp there, which the 1/sqrt(eps) scale amplifies
+        # 316x (seed 20852: 1.3e-4 of the output, FuseOps' grouping 8e-8). That is the
+        # program's conditioning, not a kernel's error: such axes get a softmax.
+        if self.d.coin() or shape[-1] == 1:
             self.emit("softmax", relax.op.nn.softmax(x, axis=self.d.pick((-1, 1))))
         else:
             d = shape[-1]

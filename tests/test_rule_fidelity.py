@@ -1,0 +1,48 @@
+"""The schedule class the cost model prices a kernel as is the class of the rule that schedules
+it: for every group CostFuse chooses on the zoo, the rule ``ApplyDefaultSchedule`` applies to
+the group's kernel (``schedules.first_rule``) produces the class ``GroupFeatures.schedule_on``
+predicted. A mismatch means the plan priced another kernel than the one that runs; the wrong
+result of a unit-extent reduction in a two-reduction kernel sat in that gap.
+
+Full shapes, on a fixed AVX2 target (nothing here runs a kernel, so no host ISA is assumed).
+"""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+
+from tvm_costfuse import FusionConfig, build_graph, models
+from tvm_costfuse.cost.extract import group_features
+from tvm_costfuse.pipelines import prepare
+from tvm_costfuse.schedules import first_rule
+from tvm_costfuse.targets import resolve
+from tvm_costfuse.transform import plan_module
+from tvm_costfuse.tuning.feedback import group_kernel
+
+TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+
+
+@pytest.mark.parametrize("name", models.zoo.names())
+def test_planned_kernels_get_the_rule_they_were_priced_as(name: str) -> None:
+    target = tvm.target.Target(TARGET)
+    desc = resolve(target).desc
+    mod = prepare(models.load(name)[0], target)
+    graph = build_graph(mod)
+    groups = [list(g) for g in plan_module(mod, desc, FusionConfig()).groups]
+    grouped = {m for g in groups for m in g}
+    groups += [[n.name] for n in graph.nodes if n.fusable and n.name not in grouped]
+    checked, wrong = 0, []
+    for members in groups:
+        features = group_features(graph, members)
+        if features.is_view or not any(graph[m].kind == "call_tir" for m in members):
+            continue  # no kernel of its own
+        with target:
+            rule, _ = first_rule(group_kernel(mod, graph, members), target)
+        predicted = features.schedule_on("cpu")
+        checked += 1
+        if rule is None or predicted not in rule.classes:
+            wrong.append(f"{'+'.join(members)}: priced {predicted}, scheduled by "
+                         f"{type(rule).__name__ if rule else 'no rule'}")
+    assert checked, f"{name}: no kernel checked"
+    assert not wrong, f"{name}: " + "; ".join(wrong)
