@@ -30,13 +30,14 @@ from .transform import plan_module
 from .tuning.integrity import DatabaseLocked, exclusive
 
 
-def _load(spec: str, small: bool):
-    """``models.load``; a user's file or function that does not load is a UsageError (a
-    registry model that does not load is a bug, and raises as it is)."""
+def _load(spec: str, small: bool, loader=models.load):
+    """``loader(spec, small=small)`` (``models.load``); a user's file or function that does
+    not load is a UsageError (a registry model that does not load is a bug, and raises as it
+    is)."""
     if spec in models.names():
-        return models.load(spec, small=small)
+        return loader(spec, small=small)
     try:
-        return models.load(spec, small=small)
+        return loader(spec, small=small)
     except Exception as err:
         lines = [ln for ln in str(err).splitlines() if ln.strip()]
         raise UsageError(f"cannot load model {spec!r}: {type(err).__name__}: "
@@ -121,6 +122,32 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"largest relative error against no fusion: {summary['max_error']:.2e}")
     if "report" in summary:
         print(f"wrote the plan to {summary['report']}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Our strategies next to the peers at equal threads: one table, busy rows marked."""
+    import tempfile
+
+    from .report.bench import bench, table, workload
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, spec in enumerate(args.models):
+            print(f"[{i + 1}/{len(args.models)}] {spec}: building and timing "
+                  f"{len(args.strategies)} strategies and {len(args.peers)} peers at "
+                  f"{', '.join(map(str, args.threads))} thread(s)", file=sys.stderr, flush=True)
+            w = _load(spec, args.small, workload)
+            rows.append(bench(w, args.threads, args.repeat, tmp, tuple(args.strategies),
+                              tuple(args.peers)))
+    text = table(rows, args.threads, tuple(args.strategies), tuple(args.peers))
+    from .export import short_target
+
+    print(f"host {short_target(host_target())}, {len(os.sched_getaffinity(0))} CPUs, "
+          f"repeat {args.repeat}")
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
     return 0
 
 
@@ -271,7 +298,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"demo": cmd_demo, "compile": cmd_compile, "models": cmd_models, "graph": cmd_graph, "explain": cmd_explain,
+COMMANDS = {"demo": cmd_demo, "compile": cmd_compile, "bench": cmd_bench, "models": cmd_models, "graph": cmd_graph, "explain": cmd_explain,
             "compare": cmd_compare, "tune": cmd_tune, "refeature": cmd_refeature,
             "calibrate": cmd_calibrate}
 

@@ -271,6 +271,26 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--verify", action="store_true",
                       help="also build without fusion and report the largest relative error")
     comp.set_defaults(cmd="compile")
+    from .report.bench import OURS, PEERS
+    from .strategies import _VARIANTS, STRATEGIES
+
+    ours = tuple(s for s in STRATEGIES if s != "stock") + tuple(_VARIANTS)
+    bench = sub.add_parser("bench", help="time our strategies next to PyTorch eager and ONNX "
+                           "Runtime at equal threads (interleaved rounds, numerics checked)")
+    bench.add_argument("models", nargs="+", type=one_model,
+                       help=f"{_MODEL}; eager needs a PyTorch form (a corpus name or a .pt2)")
+    bench.add_argument("--threads", nargs="+", type=int_at_least(1), default=[1],
+                       help="thread counts, each used by every column (default 1)")
+    bench.add_argument("--peers", default=list(PEERS), type=csv_choices(PEERS),
+                       help=f"comma-separated, from {','.join(PEERS)} (default both)")
+    bench.add_argument("--strategies", default=list(OURS), type=csv_choices(ours),
+                       help=f"ours, comma-separated (default {','.join(OURS)})")
+    bench.add_argument("--repeat", type=int_at_least(1), default=5,
+                       help="interleaved timing rounds (median reported)")
+    bench.add_argument("--small", action="store_true", help=_SMALL)
+    bench.add_argument("--out", default=None, type=output_file,
+                       help="also write the markdown table here")
+    bench.set_defaults(cmd="bench")
     cmp = sub.add_parser("compare", help="models x strategies x targets: kernels, bytes, "
                          "predicted/measured time, registers; CSV, markdown and plots")
     cmp.add_argument("--models", nargs="+", default=[["all"]], type=compare_models,

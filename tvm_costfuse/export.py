@@ -23,7 +23,7 @@ from .measurement.timing import build, run
 from .strategies import STRATEGIES, strategy_pipeline
 from .targets import resolve
 
-__all__ = ["check_request", "compile_model", "parse_config"]
+__all__ = ["check_request", "compile_model", "parse_config", "short_target"]
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(FusionConfig)}
 
@@ -108,7 +108,7 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
     folder = os.path.dirname(os.path.abspath(output))
     os.makedirs(folder, exist_ok=True)
     ex.export_library(output)
-    summary: dict = {"output": output, "target": _short(resolved.tvm), "strategy": strategy}
+    summary: dict = {"output": output, "target": short_target(resolved.tvm), "strategy": strategy}
     cpu = resolved.tvm.kind.name == "llvm"
     if cpu and example:
         calls: list[str] = []  # run as a user's program would: from the written file
@@ -131,7 +131,7 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
     return summary
 
 
-def _short(target: tvm.target.Target) -> str:
+def short_target(target: tvm.target.Target) -> str:
     """``llvm -mcpu=znver3`` rather than the target's JSON."""
     parts = [target.kind.name]
     for key in ("mcpu", "arch"):

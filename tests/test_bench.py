@@ -1,0 +1,40 @@
+"""``costfuse bench``: our strategies next to PyTorch eager and ONNX Runtime on a user's model,
+every column's output checked, one table. Timing figures are not asserted (benchmarks are
+scripts); what is asserted is that every column ran and computed the model."""
+
+from __future__ import annotations
+
+import torch
+from test_export import _net_and_input
+
+from tvm_costfuse.cli import main
+
+
+def _row(out: str, name: str) -> dict:
+    lines = [ln for ln in out.splitlines() if ln.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    row = next(ln for ln in lines if ln.startswith(f"| {name}"))
+    return dict(zip(head, [c.strip() for c in row.strip("|").split("|")], strict=True))
+
+
+def test_bench_a_pt2_beside_eager_and_ort(tmp_path, capsys) -> None:
+    net, x = _net_and_input()
+    path = tmp_path / "net.pt2"
+    torch.export.save(torch.export.export(net, (x,)), str(path))
+    assert main(["bench", str(path), "--repeat", "1", "--out", str(tmp_path / "t.md")]) == 0
+    out = capsys.readouterr().out
+    row = _row(out, "net.pt2")
+    for column in ("none@1 ms", "tvm@1 ms", "costfuse@1 ms", "eager@1 ms", "ort@1 ms"):
+        assert float(row[column]) > 0, (column, out)
+    assert float(row["max err"]) < 1e-4
+    assert int(row["k costfuse"]) <= int(row["k none"])
+    assert "speedup over eager" in out and "speedup over ort" in out
+    assert (tmp_path / "t.md").read_text().startswith("| model |")
+
+
+def test_bench_without_a_pytorch_form_says_so(capsys) -> None:
+    assert main(["bench", "mlp_gelu", "--small", "--repeat", "1", "--peers", "eager",
+                 "--strategies", "tvm,costfuse"]) == 0
+    out = capsys.readouterr().out
+    assert "no eager column: no PyTorch form" in out
+    assert float(_row(out, "mlp_gelu")["costfuse@1 ms"]) > 0

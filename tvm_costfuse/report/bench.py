@@ -1,0 +1,240 @@
+"""Our strategies next to the peers a user would pick, at equal threads: ``costfuse bench``.
+
+Per model and thread count ``t``, in one process with interleaved timing rounds
+(``timing.interleave``: every column sampled once per round, so a shared machine's drift hits
+all alike): kernels launched and ms under our strategies (same schedules, built with
+``num-cores = t`` and TVM's thread pool sized ``t``), PyTorch eager with
+``torch.set_num_threads(t)`` where the model has a PyTorch form (corpus names, ``.pt2`` files),
+and ONNX Runtime (CPU provider, ``intra_op_num_threads = t``) on the ``.onnx`` file or the
+model exported to one. Every column's output is checked against PyTorch's, or against our
+unfused build where there is no PyTorch form (max |got - want| / max |want|).
+
+Each row records the cores other processes used while it was timed (``measurement.quiet``);
+a row above :data:`DISTURBED_CORES` is marked, to be rerun on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+
+from .. import models
+from ..measurement.quiet import OtherLoad
+from ..measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
+from ..strategies import strategy_pipeline
+from ..targets import host_target
+
+__all__ = ["DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "table", "workload"]
+
+OURS = ("none", "tvm", "costfuse")
+PEERS = ("eager", "ort")
+_SAMPLE_MS = 50
+# A row timed while other processes kept more than this many cores busy is marked: a 2-vCPU
+# host's 2-thread figures moved 2x under a short script elsewhere.
+DISTURBED_CORES = 0.1
+
+
+@dataclass
+class Workload:
+    """A model in every form the columns need: Relax for ours, a PyTorch callable for eager
+    (None: no PyTorch form), an ONNX file or a function writing one to a path (None: no ORT)."""
+
+    name: str
+    family: str
+    mod: tvm.IRModule
+    inputs: dict[str, np.ndarray]
+    eager: Callable[[], object] | None = None
+    onnx: str | Callable[[str], None] | None = None
+
+
+def workload(spec: str, small: bool = False) -> Workload:
+    """The :class:`Workload` of a corpus name, a ``.pt2`` or ``.onnx`` file, or any other
+    model ``models.load`` takes (ours only). A ``.pt2``'s eager column runs
+    ``ExportedProgram.module()``, which checks its inputs on every call (about 1.5 ms on a
+    2-core host): what running the file costs, not what the original ``nn.Module`` would."""
+    if spec in models.corpus_names():
+        from ..models import corpus
+
+        mod, inputs, module = corpus.load(spec, small=small)
+        args = corpus.torch_inputs(inputs)
+        return Workload(spec, corpus.family(spec), mod, inputs, lambda: module(*args),
+                        lambda path: _export_onnx(module, args, list(inputs), path))
+    mod, inputs = models.load(spec, small=small)
+    if spec.endswith(".onnx"):
+        return Workload(os.path.basename(spec), "onnx", mod, inputs, onnx=spec)
+    if spec.endswith(".pt2"):
+        import torch
+
+        program = torch.export.load(spec)
+        module = program.module()
+        args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values())
+
+        def to_onnx(path: str) -> None:  # the program as it is, by torch's dynamo exporter
+            torch.onnx.export(program, args, path, input_names=list(inputs), dynamo=True,
+                              verbose=False)
+
+        return Workload(os.path.basename(spec), "pt2", mod, inputs, lambda: module(*args),
+                        to_onnx)
+    return Workload(spec, "-", mod, inputs)
+
+
+def _export_onnx(module, args, names: list[str], path: str) -> None:
+    import torch
+
+    # nn.MultiheadAttention's inference fast path is one fused op that has no ONNX export;
+    # off, the layer exports as its plain ops (eager keeps the fast path for its column).
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(module, args, path, input_names=names, opset_version=17,
+                              dynamo=False)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def _thread_pool(threads: int) -> None:
+    tvm.get_global_func("runtime.config_threadpool")(1, threads)
+
+
+def _with_threads(sample: Callable[[], float], threads: int) -> Callable[[], float]:
+    """A TVM sampler run with the thread pool sized ``threads`` (the pool is process-wide)."""
+
+    def timed() -> float:
+        _thread_pool(threads)
+        return sample()
+
+    return timed
+
+
+def _eager_sampler(call: Callable[[], object], threads: int) -> Callable[[], float]:
+    import torch
+
+    calls = call_sampler(call, _SAMPLE_MS)
+
+    def sample() -> float:
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            return calls()
+
+    return sample
+
+
+def _first_output(out) -> np.ndarray:
+    while isinstance(out, (tuple, list)):
+        out = out[0]
+    return out.detach().numpy() if hasattr(out, "detach") else np.asarray(out)
+
+
+def _scale_error(got: np.ndarray, ref: np.ndarray) -> float:
+    """max |got - ref| relative to the reference's scale."""
+    return float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+
+
+def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS,
+          peers=PEERS) -> dict:
+    """One model's row: kernels per strategy, and per thread count ms and error per column."""
+    row: dict = {"model": w.name, "family": w.family, "kernels": {}, "ms": {}, "failed": {},
+                 "err": {}, "other_load": {}}
+    ref = None
+    if "eager" in peers and w.eager is not None:
+        import torch
+
+        with torch.inference_mode():
+            ref = _first_output(w.eager())
+    elif "eager" in peers:
+        row["failed"]["eager"] = "no PyTorch form (a corpus name or a .pt2 has one)"
+    if ref is None:  # no PyTorch: our unfused build is the reference
+        ref = run(tvm.compile(w.mod, target=host_target(),
+                              relax_pipeline=strategy_pipeline("none", host_target())),
+                  w.inputs)[0]
+    onnx_path = w.onnx if isinstance(w.onnx, str) else os.path.join(tmp, "model.onnx")
+    for t in threads:
+        target = host_target(t)
+        _thread_pool(t)
+        samplers: dict[str, Callable[[], float]] = {}
+        for s in ours:
+            ex = tvm.compile(w.mod, target=target, relax_pipeline=strategy_pipeline(s, target))
+            calls: list[str] = []
+            out = run(ex, w.inputs, calls=calls)
+            row["kernels"][s] = len(calls)
+            row["err"][f"{s}@{t}"] = _scale_error(out[0], ref)
+            samplers[f"{s}@{t}"] = _with_threads(vm_sampler(ex, w.inputs, min_ms=_SAMPLE_MS), t)
+        if "eager" in peers and w.eager is not None:
+            samplers[f"eager@{t}"] = _eager_sampler(w.eager, t)
+        if "ort" in peers and "ort" not in row["failed"]:
+            try:  # an export the ONNX exporter refuses costs the ORT column, not the row
+                sess = _ort_session(w, onnx_path, t)
+            except Exception as err:  # noqa: BLE001 -- reported in the row and the table
+                row["failed"]["ort"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"[:160]
+            else:
+                feed = {i.name: a
+                        for i, a in zip(sess.get_inputs(), w.inputs.values(), strict=True)}
+                row["err"][f"ort@{t}"] = _scale_error(sess.run(None, feed)[0], ref)
+                samplers[f"ort@{t}"] = call_sampler(
+                    lambda sess=sess, feed=feed: sess.run(None, feed), _SAMPLE_MS)
+        with OtherLoad() as load:
+            timed = interleave(samplers, repeat)
+        row["other_load"][str(t)] = load.cores
+        for k, v in timed.items():
+            row["ms"][k] = float(np.median(v)) * 1e3
+    return row
+
+
+def _ort_session(w: Workload, path: str, threads: int):
+    import onnxruntime as ort
+
+    if w.onnx is None:
+        raise ValueError("no ONNX form (an .onnx file, a corpus name or a .pt2 has one)")
+    if not isinstance(w.onnx, str) and not os.path.exists(path):
+        w.onnx(path)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def disturbed(row: dict) -> bool:
+    return max(row.get("other_load", {}).values(), default=math.nan) > DISTURBED_CORES
+
+
+def table(rows: list[dict], threads: list[int], ours=OURS, peers=PEERS) -> str:
+    """The rows as one markdown table, then the marked rows, missing columns and geomeans."""
+    cols = [f"{c}@{t}" for t in threads for c in (*ours, *peers)]
+    head = ["model", "family", *(f"k {s}" for s in ours), *(f"{c} ms" for c in cols), "max err",
+            "other load"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r.get('family', '')} | failed: {r['error']} |")
+            continue
+        loads = r.get("other_load", {})
+        load = " / ".join(f"{loads[t]:.2f}" for t in sorted(loads, key=int)) or "n/a"
+        cells = [r["model"] + (" (busy)" if disturbed(r) else ""), r["family"],
+                 *(str(r["kernels"].get(s, "-")) for s in ours),
+                 *(f"{r['ms'][c]:.3g}" if c in r["ms"] else "-" for c in cols),
+                 f"{max(r['err'].values()):.1e}", load]
+        lines.append("| " + " | ".join(cells) + " |")
+    ok = [r for r in rows if "error" not in r]
+    lines.append("")
+    busy = [r["model"] for r in ok if disturbed(r)]
+    if busy:
+        lines.append(f"- busy (other processes used > {DISTURBED_CORES} cores while the row "
+                     f"was timed; rerun on a quiet machine): {', '.join(busy)}")
+    for r in ok:
+        for column, why in r.get("failed", {}).items():
+            lines.append(f"- {r['model']}: no {column} column: {why}")
+    for t in threads:
+        for num in [s for s in ours if s.startswith("costfuse")]:
+            for den in [s for s in (*ours, *peers) if s != num and not s.startswith("costfuse")]:
+                ratios = [r["ms"][f"{den}@{t}"] / r["ms"][f"{num}@{t}"] for r in ok
+                          if f"{den}@{t}" in r["ms"] and f"{num}@{t}" in r["ms"]]
+                if ratios:
+                    lines.append(f"- {t} thread(s): {num} speedup over {den}: geomean "
+                                 f"{geomean(ratios):.2f}x, min {min(ratios):.2f}x "
+                                 f"({len(ratios)} models)")
+    return "\n".join(lines)
