@@ -1,7 +1,8 @@
 """The ``costfuse`` command: cost-model-driven operator fusion for TVM, from the shell.
 
-Its arguments and their checks are in ``cli_args``; here are the commands. ``demo`` is the README's main job: it compiles a zoo model under several fusion strategies,
-checks that they compute the same thing, and prints kernels launched and measured latency
+Its arguments and their checks are in ``cli_args``; here are the commands. ``demo`` is the
+README's main job: it compiles a zoo model under several fusion strategies, checks that they
+compute the same thing, and prints kernels launched and measured latency
 side by side (one process, one machine state: ratios, not absolute numbers, are the claim).
 """
 
@@ -298,9 +299,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"demo": cmd_demo, "compile": cmd_compile, "bench": cmd_bench, "models": cmd_models, "graph": cmd_graph, "explain": cmd_explain,
-            "compare": cmd_compare, "tune": cmd_tune, "refeature": cmd_refeature,
-            "calibrate": cmd_calibrate}
+COMMANDS = {"demo": cmd_demo, "compile": cmd_compile, "bench": cmd_bench, "models": cmd_models,
+            "graph": cmd_graph, "explain": cmd_explain, "compare": cmd_compare, "tune": cmd_tune,
+            "refeature": cmd_refeature, "calibrate": cmd_calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:
