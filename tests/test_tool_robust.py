@@ -34,6 +34,7 @@ from tvm_costfuse.tuning.feedback import (
     MeasureConfig,
     group_kernel,
     measure_model,
+    refeature,
     schedule_kernel,
 )
 from tvm_costfuse.tuning.integrity import WORKLOAD_FILE, exclusive
@@ -207,3 +208,25 @@ def test_compare_counts_the_kernels_of_a_dynamic_model(monkeypatch):
         assert cell.ok, cell.error
         assert cell.launched_kernels == cell.kernels  # the VM's shape_func is not a kernel
         assert cell.numerics == "ok" and "symbolic shapes" in cell.note
+
+
+# ------------------------------------------------------------------ 4. refeature
+def test_refeature_keeps_the_rows_of_a_model_that_moved(tmp_path):
+    """A model file that moved (its path holding an '@', as a folder name may) keeps its rows
+    as they were, said once; before, refeature died with a traceback."""
+    gone = str(tmp_path / "run@2" / "net.onnx")
+    rows = [{**r, "model": gone} for r in _log_rows(6)]
+    path = _write_log(tmp_path, rows)
+    before = path.read_bytes()
+    recomputed, n_models, missing = refeature(tmp_path, "host")
+    assert (recomputed, n_models, list(missing)) == (0, 0, [gone])
+    assert [json.loads(line) for line in path.read_bytes().splitlines()] == [
+        json.loads(line) for line in before.splitlines()]
+
+
+def test_variant_names_split_only_their_own_suffix(monkeypatch):
+    seen = []
+    monkeypatch.setattr(models, "load", lambda name, small=False: seen.append((name, small)))
+    models.load_variant("/data/run@2/net.onnx")
+    models.load_variant("/data/run@2/net.onnx@small")
+    assert seen == [("/data/run@2/net.onnx", False), ("/data/run@2/net.onnx", True)]

@@ -284,8 +284,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_refeature(args: argparse.Namespace) -> int:
     from .tuning.feedback import refeature
 
-    rows, n_models = refeature(args.work_dir, args.target)
+    rows, n_models, missing = refeature(args.work_dir, args.target)
     print(f"recomputed the features of {rows} rows of {n_models} models")
+    for model, why in missing.items():
+        print(f"kept the rows of {model} as they were: it does not load ({why})",
+              file=sys.stderr)
     return 0
 
 

@@ -113,7 +113,7 @@ def variant_name(name: str, small: bool) -> str:
 def family(model: str) -> str:
     """The architecture family of a registry model or a stored variant name (``bert@small``):
     the corpus' families, ``zoo.FAMILIES`` for the zoo, ``synthetic`` for ``synth-<seed>``."""
-    name = model.partition("@")[0]
+    name = model.removesuffix("@small")
     if synthetic.is_synthetic(name):
         return "synthetic"
     if name in zoo.FAMILIES:
@@ -125,5 +125,5 @@ def family(model: str) -> str:
 
 def load_variant(model: str) -> tuple[tvm.IRModule, dict[str, np.ndarray]]:
     """:func:`load` for a name written by :func:`variant_name` (as stored in the databases)."""
-    name, _, size = model.partition("@")
-    return load(name, small=size == "small")
+    small = model.endswith("@small")  # a path may hold an "@" of its own
+    return load(model.removesuffix("@small"), small=small)

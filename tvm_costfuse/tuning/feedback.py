@@ -340,22 +340,33 @@ def _measure_all(db, model, graph, prep, marked, cands, target, config, runner, 
         runner.close()
 
 
-def refeature(work_dir=None, target=None) -> tuple[int, int]:
+def refeature(work_dir=None, target=None) -> tuple[int, int, dict[str, str]]:
     """Recompute the features of every recorded group from its model, keeping the timings.
 
     What to run when the feature schema grew (``GroupFeatures.from_row`` warns about rows
-    without the new fields): the models are rebuilt by name (``models.load_variant``).
-    Returns (rows, models).
+    without the new fields): the models are rebuilt by name (``models.load_variant``). A model
+    that no longer loads (a file moved) keeps its rows as they were. Returns (rows recomputed,
+    models, {model that did not load: why}).
     """
     resolved = resolve(target or "host")
     db = GroupDatabase(work_dir or default_work_dir(resolved.tvm))
     graphs: dict[str, OpGraph] = {}
-    rows = []
+    missing: dict[str, str] = {}
+    rows, recomputed = [], 0
     for row in db.rows():
         model = row["model"]
-        if model not in graphs:
-            graphs[model] = build_graph(prepare(models.load_variant(model)[0], resolved.tvm))
+        if model not in graphs and model not in missing:
+            try:
+                graphs[model] = build_graph(prepare(models.load_variant(model)[0],
+                                                    resolved.tvm))
+            except Exception as err:  # noqa: BLE001 -- its rows are kept; the caller says why
+                lines = [ln for ln in str(err).splitlines() if ln.strip()]
+                missing[model] = f"{type(err).__name__}: {lines[-1] if lines else ''}"[:200]
+        if model in missing:
+            rows.append(row)
+            continue
         rows.append({**row, **feature_row(model, graphs[model], row["members"])})
+        recomputed += 1
     with db.writing(salvage=False):
         db.rewrite_rows(rows)
-    return len(rows), len(graphs)
+    return recomputed, len(graphs), missing
