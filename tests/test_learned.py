@@ -153,6 +153,7 @@ def test_a_host_without_a_model_is_served_another_hosts_or_analytical(tmp_path, 
     planner plans analytically. Neither is an error."""
     here = tmp_path / "tuning_logs" / "llvm-thishost" / "groups"
     monkeypatch.setattr(learned, "_target_work_dir", lambda _target: here)
+    monkeypatch.setattr(learned, "SHIPPED_LOGS", tmp_path / "shipped")  # none shipped
     with caplog.at_level("WARNING"):
         alone = learned.load_learned(TARGET)
     assert not alone.usable and "answer analytically" in caplog.text
@@ -171,3 +172,23 @@ def test_a_host_without_a_model_is_served_another_hosts_or_analytical(tmp_path, 
     assert served(f, TARGET).seconds == trained(f, TARGET).seconds
     graph = build_graph(prepared("mlp_gelu")[0])
     assert plan_greedy(graph, TARGET, FusionConfig(), served).groups
+
+
+def test_an_installed_package_serves_its_shipped_model_for_this_host(tmp_path, monkeypatch,
+                                                                     caplog):
+    """Installed, tuning writes go to the user's folder (empty at first); the model shipped
+    for this host serves from the package's folder, ahead of other hosts' models."""
+    user = tmp_path / "user" / "llvm-thishost" / "groups"
+    shipped = tmp_path / "site" / "tuning_logs"
+    learned.train_rows(_rows(60), TARGET).save(shipped / "llvm-thishost" / "groups")
+    learned.train_rows(_rows(120, seed=1), TARGET).save(shipped / "llvm-otherhost" / "groups")
+    monkeypatch.setattr(learned, "_target_work_dir", lambda _target: user)
+    monkeypatch.setattr(learned, "SHIPPED_LOGS", shipped)
+    with caplog.at_level("WARNING"):
+        served = learned.load_learned(TARGET)
+    assert served.usable and served.n_records == 60 and "serving the one" not in caplog.text
+    (shipped / "llvm-thishost").rename(shipped / "llvm-gone")  # another host's only
+    monkeypatch.setattr(learned, "SHIPPED_LOGS", shipped)
+    with caplog.at_level("WARNING"):
+        other = learned.load_learned(TARGET)
+    assert other.n_records == 120 and "serving the one trained on llvm-otherhost" in caplog.text

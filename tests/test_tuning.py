@@ -89,6 +89,20 @@ def test_tuned_kernel_from_database_untuned_kernel_from_rules(target, work_dir):
     assert "meta_schedule.tiling_structure" not in untuned.script()
 
 
+def test_tuning_folders_of_an_installed_package_are_the_users(monkeypatch, tmp_path):
+    """Installed (no checkout around the package), tuning is written under the user's cache,
+    not into site-packages; TVM_COSTFUSE_TUNING_DIR names another folder in any case."""
+    from tvm_costfuse.tuning import database
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("TVM_COSTFUSE_TUNING_DIR", raising=False)
+    monkeypatch.setattr(database, "_PACKAGE_PARENT", tmp_path / "site-packages")
+    assert database.tuning_root() == tmp_path / ".cache" / "tvm_costfuse" / "tuning_logs"
+    monkeypatch.setenv("TVM_COSTFUSE_TUNING_DIR", str(tmp_path / "mine"))
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    assert default_work_dir(cuda) == tmp_path / "mine" / "cuda-sm_90" / "groups"
+
+
 def test_missing_database_is_an_error(target, tmp_path):
     with pytest.raises(FileNotFoundError, match="tune_model"):
         tuned_pipeline(target, tmp_path)

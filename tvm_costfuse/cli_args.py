@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--repeat", type=int_at_least(1), default=3,
                       help="timed samples per candidate group (default %(default)s)")
     tune.add_argument("--work-dir", default=None, type=output_dir,
-                      help="default tuning_logs/<target>/groups")
+                      help="default tuning_logs/<target>/groups (TVM_COSTFUSE_TUNING_DIR moves it)")
     tune.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT:KEY",
                       type=rpc_tracker,
                       help="run the kernels on an RPC server from this TVM tracker")

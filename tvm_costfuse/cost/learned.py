@@ -34,7 +34,7 @@ import numpy as np
 from ..models.synthetic import PREFIX, is_synthetic
 from ..schedules.classes import FINAL
 from ..targets import host
-from ..tuning.database import GroupDatabase, default_work_dir
+from ..tuning.database import SHIPPED_LOGS, GroupDatabase, default_work_dir
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
 from .features import FEATURE_NAMES, GroupFeatures
@@ -374,7 +374,10 @@ def load_learned(target, work_dir: str | Path | None = None) -> LearnedModel:
     work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
     measured = (work_dir / "features.jsonl").exists()
     if default and not measured and not (work_dir / META_FILE).exists():
-        other = other_host_model(work_dir)
+        shipped = SHIPPED_LOGS / work_dir.parent.name / work_dir.name
+        if shipped != work_dir and (shipped / META_FILE).exists():
+            return LearnedModel.load(shipped)  # this host's model, shipped with the package
+        other = other_host_model(work_dir, roots=(SHIPPED_LOGS,))
         if other is not None:
             _log.warning("no learned model for this host (%s): serving the one trained on %s; "
                          "its trees correct the analytical model, which prices with this "

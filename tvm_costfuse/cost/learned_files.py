@@ -44,17 +44,19 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     os.replace(tmp, path)
 
 
-def other_host_model(work_dir: Path) -> Path | None:
+def other_host_model(work_dir: Path, roots: tuple[Path, ...] = ()) -> Path | None:
     """The folder of another host's trained model of the same target kind as ``work_dir``
-    (``tuning_logs/llvm-<cpu>/groups``): the one trained on the most records; None if none
-    can be read.
+    (``tuning_logs/llvm-<cpu>/groups``), beside it or under one of ``roots`` (the shipped
+    models): the one trained on the most records; None if none can be read.
 
     The trees learn a correction of the analytical model's log-time (its estimate is their
     base margin and an input), and the analytical model prices with the serving host's own
     description: the correction, not the other machine's absolute times, is what carries."""
     kind = work_dir.parent.name.split("-")[0]
     found = []
-    for meta in sorted(work_dir.parent.parent.glob(f"{kind}-*/groups/{META_FILE}")):
+    metas = {m.resolve(): m for root in (work_dir.parent.parent, *roots)
+             for m in sorted(Path(root).glob(f"{kind}-*/groups/{META_FILE}"))}
+    for meta in metas.values():
         try:
             found.append((read_meta(meta.parent)["n_records"], meta.parent))
         except ModelFileError:

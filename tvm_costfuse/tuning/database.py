@@ -47,26 +47,44 @@ from tvm.s_tir import meta_schedule as ms
 
 from .integrity import DatabaseLocked, exclusive, repair_lines, salvage_ms_database, try_exclusive
 
-__all__ = ["FAILED_RUN_SECS", "DatabaseLocked", "GroupDatabase", "default_work_dir",
-           "failure_kind", "headline", "is_record", "symbolic_dims", "workload_hash"]
+__all__ = ["FAILED_RUN_SECS", "SHIPPED_LOGS", "DatabaseLocked", "GroupDatabase",
+           "default_work_dir", "failure_kind", "headline", "is_record", "symbolic_dims",
+           "tuning_root", "workload_hash"]
 
 _log = logging.getLogger(__name__)
 
 # meta-schedule's run time for a candidate that failed to build or run.
 FAILED_RUN_SECS = 1e10
 FEATURES_FILE = "features.jsonl"
-_REPO_ROOT = Path(__file__).resolve().parents[2]  # tvm_costfuse/tuning/ -> the repository
+# The folder holding the package: the source checkout, or site-packages once installed.
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+#: The committed measurements and learned models (the wheel ships the models only).
+SHIPPED_LOGS = _PACKAGE_PARENT / "tuning_logs"
+
+
+def tuning_root() -> Path:
+    """Where tuning folders are written and read first: ``TVM_COSTFUSE_TUNING_DIR`` when set;
+    the checkout's ``tuning_logs/`` when the package runs from a source checkout (a
+    ``pyproject.toml`` beside it); otherwise ``~/.cache/tvm_costfuse/tuning_logs``: an
+    installed package's folder is not the user's to write (it may be read-only, and an
+    upgrade replaces it). The shipped models still serve from :data:`SHIPPED_LOGS`."""
+    env = os.environ.get("TVM_COSTFUSE_TUNING_DIR")
+    if env:
+        return Path(env).expanduser()
+    if (_PACKAGE_PARENT / "pyproject.toml").is_file():
+        return SHIPPED_LOGS
+    return Path("~/.cache/tvm_costfuse/tuning_logs").expanduser()
 
 
 def target_dir(target: tvm.target.Target | str) -> Path:
-    """``tuning_logs/<kind>-<chip>`` at the repository root: the CPU model for llvm
-    (``llvm-znver4``), the architecture for cuda (``cuda-sm_90``; GPUs of one architecture,
-    such as H100 and H200, share a folder). Meta-schedule tunes whole-model kernels into it."""
+    """``<tuning_root>/<kind>-<chip>``: the CPU model for llvm (``llvm-znver4``), the
+    architecture for cuda (``cuda-sm_90``; GPUs of one architecture, such as H100 and H200,
+    share a folder). Meta-schedule tunes whole-model kernels into it."""
     target = tvm.target.Target(target)
     attrs = target.attrs if target.attrs is not None else {}
     chip = attrs.get("arch", "") if target.kind.name == "cuda" else attrs.get("mcpu", "")
     name = f"{target.kind.name}-{chip}" if chip else target.kind.name
-    return _REPO_ROOT / "tuning_logs" / name
+    return tuning_root() / name
 
 
 def default_work_dir(target: tvm.target.Target | str) -> Path:
