@@ -38,3 +38,15 @@ def test_bench_without_a_pytorch_form_says_so(capsys) -> None:
     out = capsys.readouterr().out
     assert "no eager column: no PyTorch form" in out
     assert float(_row(out, "mlp_gelu")["costfuse@1 ms"]) > 0
+
+
+def test_a_wrong_column_is_marked_and_left_out_of_the_geomeans() -> None:
+    from tvm_costfuse.report.bench import table
+
+    row = {"model": "m", "family": "f", "kernels": {"tvm": 3, "costfuse": 2},
+           "ms": {"tvm@1": 2.0, "costfuse@1": 1.0, "ort@1": 4.0},
+           "err": {"tvm@1": 1e-7, "costfuse@1": 1e-7, "ort@1": 0.5},
+           "failed": {}, "other_load": {"1": 0.0}}
+    text = table([row], [1], ("tvm", "costfuse"), ("ort",))
+    assert "WRONG 4" in text and "ort@1 is WRONG" in text
+    assert "speedup over tvm: geomean 2.00x" in text and "speedup over ort" not in text

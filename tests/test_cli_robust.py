@@ -16,13 +16,11 @@ from pathlib import Path
 import pytest
 import tvm
 
-import tvm_costfuse
 from tvm_costfuse import cli, models, strategies
 from tvm_costfuse.config import shim_path
 from tvm_costfuse.cost.learned import MODEL_FILE, POINTS_FILE
 from tvm_costfuse.cost.learned_files import META_FILE
 from tvm_costfuse.measurement.timing import run
-from tvm_costfuse.tuning.database import default_work_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,16 +154,19 @@ def test_wheel_ships_the_learned_models_where_the_package_looks(tmp_path):
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "whl").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    # The folder the package resolves, relative to the folder holding the package (the
-    # checkout here, site-packages once installed), is where the wheel must put the models.
-    site = Path(tvm_costfuse.__file__).resolve().parent.parent
+    # Installed, the package reads its shipped models from tvm_costfuse/tuning_logs/
+    # (tuning/database.py's SHIPPED_LOGS): the wheel must put them there, and nothing at the
+    # top of site-packages.
+    from tvm_costfuse.tuning import database
+
+    assert database._INSTALLED_LOGS == Path(database.__file__).resolve().parents[1] / \
+        "tuning_logs"
     trained = sorted(ROOT.glob(f"tuning_logs/*/groups/{META_FILE}"))
     assert trained
     for meta in trained:
-        host = meta.parent.parent.name.removeprefix("llvm-")
-        target = {"kind": "llvm", "mcpu": host}
-        folder = default_work_dir(target).relative_to(site).as_posix()
+        folder = f"tvm_costfuse/tuning_logs/{meta.parent.parent.name}/groups"
         for name in (MODEL_FILE, META_FILE, POINTS_FILE):
             assert f"{folder}/{name}" in names, sorted(n for n in names if "tuning" in n)
+    assert not any(n.startswith("tuning_logs/") for n in names)
     assert not any(n.endswith((".jsonl", ".bak")) for n in names)  # measurements stay home
     assert wheel.stat().st_size < 10 * 2**20

@@ -107,3 +107,22 @@ def test_compile_names_a_bad_request(tmp_path, capsys) -> None:
     assert main(["compile", "mlp_gelu", "-o", str(tmp_path / "m.so"), "--strategy", "tvm",
                  "--config", "max_body_ops=4"]) == 2
     assert "--config applies to the costfuse strategies" in capsys.readouterr().err
+
+
+def test_a_target_this_cpu_may_not_run_is_built_not_run(tmp_path, capsys) -> None:
+    """AVX-512 code on an AVX2 host dies of SIGILL: another mcpu is built, never run, and
+    --verify (which runs it) is refused before anything is built."""
+    from tvm_costfuse.targets import host_target
+
+    other = "haswell" if host_target().attrs.get("mcpu") != "haswell" else "skylake-avx512"
+    library = tmp_path / "m.so"
+    assert main(["compile", "mlp_gelu", "-o", str(library), "--target",
+                 f"llvm -mcpu={other}", "--verify"]) == 2
+    assert "--verify runs the library here" in capsys.readouterr().err
+    assert not library.exists()
+    assert main(["compile", "mlp_gelu", "-o", str(library), "--target",
+                 f"llvm -mcpu={other}"]) == 0
+    assert library.exists() and "not run here" in capsys.readouterr().err
+    assert main(["compile", "mlp_gelu", "-o", str(library), "--strategy",
+                 "costfuse-bogus"]) == 2
+    assert "unknown strategy 'costfuse-bogus'" in capsys.readouterr().err

@@ -202,3 +202,16 @@ def test_pipeline_takes_every_name_resolve_takes() -> None:
     with target:
         ex = tvm.compile(mod, target=target, relax_pipeline=tvm_costfuse.pipeline("h100"))
     assert kernel_sources(ex)
+
+
+def test_target_strings_as_tvm_users_write_them():
+    """TVM 0.27's Target takes only the dict form; the resolver reads the tvmc string form."""
+    from tvm_costfuse.targets import resolve
+
+    cpu = resolve("llvm -mcpu=skylake-avx512 -num-cores=2 -mattr=+avx512f,+fma").tvm
+    assert cpu.kind.name == "llvm" and cpu.attrs["mcpu"] == "skylake-avx512"
+    assert int(cpu.attrs["num-cores"]) == 2 and list(cpu.attrs["mattr"]) == ["+avx512f", "+fma"]
+    gpu = resolve("cuda -arch=sm_80")
+    assert gpu.tvm.attrs["arch"] == "sm_80" and gpu.desc.name == "a100"
+    with pytest.raises(ValueError, match="such as 'llvm -mcpu=znver3'"):
+        resolve("llvm -mcpu")

@@ -106,11 +106,11 @@ def _print_decisions(mod: tvm.IRModule, target, measured: float, shown: int = 8)
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """``tvmc compile``'s job with CostFuse's fusion: one library, the plan beside it."""
-    from .export import check_request, compile_model, parse_config
+    from .export import TOLERANCE, check_request, compile_model, parse_config
 
     try:
         config = parse_config(args.config)
-        check_request(args.strategy, config, args.report)
+        check_request(args.strategy, config, args.report, args.target, args.verify)
     except ValueError as err:
         raise UsageError(str(err)) from err
     mod, inputs = _load(args.model, small=False)
@@ -119,8 +119,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
                             verify=args.verify, name=args.model)
     print(f"wrote {summary['output']} ({summary['strategy']}, target {summary['target']}"
           + (f", {summary['kernels']} kernels" if "kernels" in summary else "") + ")")
+    if "kernels" not in summary:
+        print("not run here (the target is not this CPU): no kernel count", file=sys.stderr)
     if "max_error" in summary:
         print(f"largest relative error against no fusion: {summary['max_error']:.2e}")
+        if summary["max_error"] > TOLERANCE:
+            print(f"costfuse compile: the library differs from no fusion by more than "
+                  f"{TOLERANCE:g} of the output's scale", file=sys.stderr)
+            return 1
     if "report" in summary:
         print(f"wrote the plan to {summary['report']}")
     return 0
@@ -139,8 +145,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   f"{len(args.strategies)} strategies and {len(args.peers)} peers at "
                   f"{', '.join(map(str, args.threads))} thread(s)", file=sys.stderr, flush=True)
             w = _load(spec, args.small, workload)
-            rows.append(bench(w, args.threads, args.repeat, tmp, tuple(args.strategies),
-                              tuple(args.peers)))
+            try:  # a model that fails is a row saying so; the rows timed so far are kept
+                rows.append(bench(w, args.threads, args.repeat, tmp, tuple(args.strategies),
+                                  tuple(args.peers)))
+            except Exception as err:  # noqa: BLE001 -- reported in the table
+                lines = [ln for ln in str(err).splitlines() if ln.strip()] or [""]
+                rows.append({"model": spec, "error": f"{type(err).__name__}: {lines[-1]}"[:200]})
     text = table(rows, args.threads, tuple(args.strategies), tuple(args.peers))
     from .export import short_target
 
@@ -149,7 +159,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    return 0
+    return 1 if all("error" in r for r in rows) else 0
 
 
 def cmd_models(_args: argparse.Namespace) -> int:

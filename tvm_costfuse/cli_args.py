@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--target", default="host", choices=preset_names(),
                      help="target whose recorded groups to recompute (default: host)")
     ref.add_argument("--work-dir", default=None, type=output_dir,
-                     help="default tuning_logs/<target>/groups")
+                     help="default tuning_logs/<target>/groups (TVM_COSTFUSE_TUNING_DIR moves it)")
     ref.set_defaults(cmd="refeature")
     cal = sub.add_parser("calibrate", help="measure this host's bandwidth, FLOP/s and launch cost")
     cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")

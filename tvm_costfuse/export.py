@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 from collections.abc import Mapping
 
 import numpy as np
@@ -20,10 +21,12 @@ import tvm
 from . import models
 from .config import PREFIX, FusionConfig
 from .measurement.timing import build, run
-from .strategies import STRATEGIES, strategy_pipeline
-from .targets import resolve
+from .report.cells import is_shape_func
+from .strategies import _VARIANTS, STRATEGIES, split_strategy, strategy_pipeline
+from .targets import host_target, resolve
 
-__all__ = ["check_request", "compile_model", "parse_config", "short_target"]
+__all__ = ["TOLERANCE", "check_request", "compile_model", "parse_config", "runs_here",
+           "short_target"]
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(FusionConfig)}
 
@@ -52,17 +55,39 @@ def parse_config(items: list[str] | None) -> dict:
     return config
 
 
-def check_request(strategy: str, config: Mapping | None, report: str | None) -> None:
+#: Largest error, relative to the output's scale, ``verify`` accepts: float reassociation and
+#: the polynomial exp/erf/tanh stay well under it; a wrong kernel is off by O(1).
+TOLERANCE = 1e-4
+
+
+def runs_here(target: tvm.target.Target) -> bool:
+    """Whether code built for ``target`` runs on this CPU: llvm for this host's CPU (its
+    ``mcpu``, or none: generic) and architecture. Another ``mcpu`` may need instructions this
+    CPU lacks (AVX-512 code on an AVX2 host dies of SIGILL), so it is not run."""
+    if target.kind.name != "llvm":
+        return False
+    triple = str(target.attrs.get("mtriple") or "")
+    mcpu = str(target.attrs.get("mcpu") or "")
+    return (not triple or triple.split("-")[0] == platform.machine()) and mcpu in (
+        "", str(host_target().attrs.get("mcpu") or ""))
+
+
+def check_request(strategy: str, config: Mapping | None, report: str | None,
+                  target=None, verify: bool = False) -> None:
     """Raise ValueError naming what is wrong with a request, before anything is built."""
-    base = strategy.split("-", 1)[0]
-    if base not in STRATEGIES or base == "stock":
+    base = split_strategy(strategy)[0]
+    if base not in STRATEGIES or base == "stock" or (
+            strategy not in STRATEGIES and strategy not in _VARIANTS):
         raise ValueError(f"unknown strategy {strategy!r}; choose costfuse, tvm or none "
-                         "(or costfuse-xgb, costfuse-exact...)")
+                         f"(or {', '.join(_VARIANTS)})")
     if config and base != "costfuse":
         raise ValueError(f"--config applies to the costfuse strategies, not {strategy!r}")
     if report is not None and base != "costfuse":
         raise ValueError("--report writes a CostFuse plan: use a costfuse strategy")
     FusionConfig(**dict(config or {}))  # its ranges and choices, each error naming its key
+    if verify and target is not None and not runs_here(resolve(target).tvm):
+        raise ValueError("--verify runs the library here: compile for this host (--target "
+                         "host) to verify it")
 
 
 def compile_model(model: str | tvm.IRModule, output: str, target="host",
@@ -93,14 +118,15 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
     Returns
     -------
     A summary: ``output``, ``target``, ``strategy``, ``kernels`` (launched by one run on the
-    example inputs, on CPU targets), ``report`` and ``max_error`` where asked for.
+    example inputs, where the target runs on this CPU: :func:`runs_here`), ``report`` and
+    ``max_error`` where asked for (``verify`` needs a target that runs here).
     """
     config = dict(config or {})
     if isinstance(model, str):
         mod, example = models.load(model)
     else:
         mod, example = model, dict(inputs or {})
-    check_request(strategy, config, report)
+    check_request(strategy, config, report, target, verify)
     resolved = resolve(target)
     pipeline = strategy_pipeline(strategy, resolved.tvm, cost_target=resolved.desc, **config)
     with resolved.tvm:
@@ -109,11 +135,10 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
     os.makedirs(folder, exist_ok=True)
     ex.export_library(output)
     summary: dict = {"output": output, "target": short_target(resolved.tvm), "strategy": strategy}
-    cpu = resolved.tvm.kind.name == "llvm"
-    if cpu and example:
+    if runs_here(resolved.tvm) and example:
         calls: list[str] = []  # run as a user's program would: from the written file
         got = run(tvm.runtime.load_module(output), example, calls=calls)
-        summary["kernels"] = len(calls)
+        summary["kernels"] = sum(not is_shape_func(c) for c in calls)
         if verify:
             want = run(build(mod, resolved.tvm, None, None), example)
             summary["max_error"] = max(
@@ -141,6 +166,4 @@ def short_target(target: tvm.target.Target) -> str:
 
 
 def _variant_config(strategy: str) -> dict:
-    from .strategies import split_strategy
-
     return split_strategy(strategy)[1]

@@ -47,7 +47,7 @@ from .learned_files import (
     write_atomically,
 )
 
-__all__ = ["NEAR", "LearnedModel", "ModelFileError", "load_learned", "model_path",
+__all__ = ["NEAR", "LearnedModel", "ModelFileError", "load_learned",
            "rows_to_dataset", "train", "train_rows"]
 
 _log = logging.getLogger(__name__)
@@ -335,10 +335,6 @@ def _target_work_dir(target) -> Path:
     return default_work_dir(target.tvm_target())
 
 
-def model_path(target) -> Path:
-    return _target_work_dir(target) / MODEL_FILE
-
-
 def train(work_dir: str | Path, target=None, save: bool = True,
           synthetic: bool = False) -> LearnedModel:
     """Train on the measured groups in ``work_dir`` and (by default) save the model there.
@@ -364,19 +360,18 @@ def load_learned(target, work_dir: str | Path | None = None) -> LearnedModel:
 
     Loads ``xgb_model.json`` from ``work_dir`` (default ``tuning_logs/<kind>-<arch>/groups``);
     when only measurements are there, or the saved model is stale (other inputs, no coverage
-    points) or unreadable, trains in memory and says so (nothing is written: ``train`` saves).
-    With nothing for this host in the default folder, another host's trained model of the
-    same kind serves (and says so); with no data at all, every query falls back to the
-    analytical model (and says so); an unreadable model without measurements to retrain from
-    raises :class:`ModelFileError`.
+    points) or unreadable, trains in memory and says so (``train`` saves). With nothing for
+    this host in the default folder, the model shipped for it serves, else another host's of
+    the same kind (saying so), else every query falls back to the analytical model (saying
+    so). An unreadable model with no measurements to retrain from raises ModelFileError.
     """
     default = work_dir is None
     work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
     measured = (work_dir / "features.jsonl").exists()
     if default and not measured and not (work_dir / META_FILE).exists():
         shipped = SHIPPED_LOGS / work_dir.parent.name / work_dir.name
-        if shipped != work_dir and (shipped / META_FILE).exists():
-            return LearnedModel.load(shipped)  # this host's model, shipped with the package
+        if shipped != work_dir and (shipped / META_FILE).exists():  # this host's, shipped
+            return LearnedModel.load(shipped)
         other = other_host_model(work_dir, roots=(SHIPPED_LOGS,))
         if other is not None:
             _log.warning("no learned model for this host (%s): serving the one trained on %s; "

@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -303,6 +304,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cores", type=int, default=None, help="threads (default: affinity)")
     parser.add_argument("--path", default=None, help=f"JSON record (default {DEFAULT_PATH})")
     args = parser.parse_args(argv)
+    target = Path(args.path).expanduser() if args.path else targets.calibration.CALIBRATION_PATH
+    why = targets.calibration.refusal(target)
+    if why is not None:  # said before seconds of measuring, not after
+        print(f"costfuse calibrate: error: cannot save to {target}: {why}", file=sys.stderr)
+        raise SystemExit(1)
     t0 = time.perf_counter()
     record = measure(args.cores, args.quick)
     path = save(record, args.path)

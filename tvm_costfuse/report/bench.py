@@ -28,6 +28,7 @@ from ..measurement.quiet import OtherLoad
 from ..measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
 from ..strategies import strategy_pipeline
 from ..targets import host_target
+from .cells import is_shape_func
 
 __all__ = ["DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "table", "workload"]
 
@@ -37,6 +38,9 @@ _SAMPLE_MS = 50
 # A row timed while other processes kept more than this many cores busy is marked: a 2-vCPU
 # host's 2-thread figures moved 2x under a short script elsewhere.
 DISTURBED_CORES = 0.1
+# A column whose output is further than this from the reference (relative to its scale) is
+# marked wrong and left out of the geomeans: reassociation stays well under it.
+TOLERANCE = 1e-4
 
 
 @dataclass
@@ -162,20 +166,21 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS,
             ex = tvm.compile(w.mod, target=target, relax_pipeline=strategy_pipeline(s, target))
             calls: list[str] = []
             out = run(ex, w.inputs, calls=calls)
-            row["kernels"][s] = len(calls)
+            row["kernels"][s] = sum(not is_shape_func(c) for c in calls)
             row["err"][f"{s}@{t}"] = _scale_error(out[0], ref)
             samplers[f"{s}@{t}"] = _with_threads(vm_sampler(ex, w.inputs, min_ms=_SAMPLE_MS), t)
         if "eager" in peers and w.eager is not None:
             samplers[f"eager@{t}"] = _eager_sampler(w.eager, t)
         if "ort" in peers and "ort" not in row["failed"]:
-            try:  # an export the ONNX exporter refuses costs the ORT column, not the row
+            try:  # an export or a session ORT refuses costs the ORT column, not the row
                 sess = _ort_session(w, onnx_path, t)
-            except Exception as err:  # noqa: BLE001 -- reported in the row and the table
-                row["failed"]["ort"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"[:160]
-            else:
                 feed = {i.name: a
                         for i, a in zip(sess.get_inputs(), w.inputs.values(), strict=True)}
                 row["err"][f"ort@{t}"] = _scale_error(sess.run(None, feed)[0], ref)
+            except Exception as err:  # noqa: BLE001 -- reported in the row and the table
+                lines = str(err).splitlines() or [""]
+                row["failed"]["ort"] = f"{type(err).__name__}: {lines[0]}"[:160]
+            else:
                 samplers[f"ort@{t}"] = call_sampler(
                     lambda sess=sess, feed=feed: sess.run(None, feed), _SAMPLE_MS)
         with OtherLoad() as load:
@@ -198,6 +203,11 @@ def _ort_session(w: Workload, path: str, threads: int):
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
+def _wrong(row: dict) -> set[str]:
+    """The columns whose output missed the reference by more than :data:`TOLERANCE`."""
+    return {c for c, e in row.get("err", {}).items() if not e <= TOLERANCE}
+
+
 def disturbed(row: dict) -> bool:
     return max(row.get("other_load", {}).values(), default=math.nan) > DISTURBED_CORES
 
@@ -216,7 +226,8 @@ def table(rows: list[dict], threads: list[int], ours=OURS, peers=PEERS) -> str:
         load = " / ".join(f"{loads[t]:.2f}" for t in sorted(loads, key=int)) or "n/a"
         cells = [r["model"] + (" (busy)" if disturbed(r) else ""), r["family"],
                  *(str(r["kernels"].get(s, "-")) for s in ours),
-                 *(f"{r['ms'][c]:.3g}" if c in r["ms"] else "-" for c in cols),
+                 *(("WRONG " if c in _wrong(r) else "") + f"{r['ms'][c]:.3g}"
+                   if c in r["ms"] else "-" for c in cols),
                  f"{max(r['err'].values()):.1e}", load]
         lines.append("| " + " | ".join(cells) + " |")
     ok = [r for r in rows if "error" not in r]
@@ -228,11 +239,15 @@ def table(rows: list[dict], threads: list[int], ours=OURS, peers=PEERS) -> str:
     for r in ok:
         for column, why in r.get("failed", {}).items():
             lines.append(f"- {r['model']}: no {column} column: {why}")
+        for column in sorted(_wrong(r)):
+            lines.append(f"- {r['model']}: {column} is WRONG: {r['err'][column]:.1e} of the "
+                         f"output's scale from the reference (left out of the geomeans)")
     for t in threads:
         for num in [s for s in ours if s.startswith("costfuse")]:
             for den in [s for s in (*ours, *peers) if s != num and not s.startswith("costfuse")]:
                 ratios = [r["ms"][f"{den}@{t}"] / r["ms"][f"{num}@{t}"] for r in ok
-                          if f"{den}@{t}" in r["ms"] and f"{num}@{t}" in r["ms"]]
+                          if f"{den}@{t}" in r["ms"] and f"{num}@{t}" in r["ms"]
+                          and not _wrong(r) & {f"{den}@{t}", f"{num}@{t}"}]
                 if ratios:
                     lines.append(f"- {t} thread(s): {num} speedup over {den}: geomean "
                                  f"{geomean(ratios):.2f}x, min {min(ratios):.2f}x "

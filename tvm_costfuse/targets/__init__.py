@@ -150,9 +150,28 @@ def resolve(spec=None, *, gpu: str | None = None, desc: TargetDesc | None = None
         if key in GPU_PRESETS:
             d = GPU_PRESETS[key]
             return Target(d.tvm_target(), desc or d)
+    if isinstance(spec, str) and not spec.strip().startswith("{"):
+        spec = _cli_form(spec)
     try:
         target = tvm.target.Target(spec)
     except Exception as err:
         raise ValueError(f"unknown target {spec!r}; valid names: "
-                         f"{', '.join([*preset_names(), 'llvm', 'cuda'])}") from err
+                         f"{', '.join([*preset_names(), 'llvm', 'cuda'])}, or a target such as "
+                         "'llvm -mcpu=znver3' or 'cuda -arch=sm_90'") from err
     return Target(target, desc or for_target(target, gpu))
+
+
+def _cli_form(text: str) -> dict | str:
+    """``"llvm -mcpu=znver3 -num-cores=2"`` -> ``{"kind": "llvm", "mcpu": "znver3",
+    "num-cores": 2}``: the target string TVM users write (``tvmc``), which TVM 0.27's
+    ``Target`` no longer parses (it takes the dict). ``-mattr`` takes a comma-separated list;
+    integers become ints. Anything else is returned as it is, for ``Target`` to judge."""
+    kind, *options = text.split()
+    out: dict = {"kind": kind}
+    for option in options:
+        key, sep, value = option.lstrip("-").partition("=")
+        if not option.startswith("-") or not sep or not key:
+            return text
+        out[key] = (value.split(",") if key == "mattr" else
+                    int(value) if value.lstrip("-").isdigit() else value)
+    return out if options else text

@@ -69,7 +69,7 @@ def _is_record_file(path: Path) -> bool:
             and all(isinstance(r, dict) and "figures" in r for r in records.values()))
 
 
-def _refusal(path: Path) -> str | None:
+def refusal(path: Path) -> str | None:
     """Why a record must not be written to ``path``, or None when it may: a folder, or a file
     that is not a record file (one TVM_COSTFUSE_CALIBRATION names by mistake) is left alone."""
     if str(path) in ("", ".", "none"):
@@ -108,7 +108,7 @@ def save_calibration(record: dict, path: str | os.PathLike | None = None) -> Pat
     must cost one notice, not every plan, and the measured figures still price this process'
     plans (kept in memory, see :func:`calibrated_on_first_use`)."""
     target = Path(path).expanduser() if path else CALIBRATION_PATH
-    why = _refusal(target)
+    why = refusal(target)
     if why is None:
         try:
             return _write(record, target)

@@ -58,8 +58,10 @@ FAILED_RUN_SECS = 1e10
 FEATURES_FILE = "features.jsonl"
 # The folder holding the package: the source checkout, or site-packages once installed.
 _PACKAGE_PARENT = Path(__file__).resolve().parents[2]
-#: The committed measurements and learned models (the wheel ships the models only).
-SHIPPED_LOGS = _PACKAGE_PARENT / "tuning_logs"
+_INSTALLED_LOGS = Path(__file__).resolve().parents[1] / "tuning_logs"
+#: The committed measurements and learned models: the checkout's tuning_logs/, or the models
+#: a wheel installs inside the package (tvm_costfuse/tuning_logs/; no measurements).
+SHIPPED_LOGS = _INSTALLED_LOGS if _INSTALLED_LOGS.is_dir() else _PACKAGE_PARENT / "tuning_logs"
 
 
 def tuning_root() -> Path:

@@ -77,9 +77,10 @@ class _InProcessBuilder(ms.builder.PyBuilder):
 
 @derived_object
 class _InProcessRunner(ms.runner.PyRunner):
-    """LocalRunner's work (TVM's own worker function) in this process, for smoke runs."""
+    """LocalRunner's work (TVM's own worker function) in this process, for smoke runs: no
+    timeout (a kernel that hangs hangs the caller)."""
 
-    def __init__(self, timeout_sec: float) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.config = ms.runner.EvaluatorConfig._normalized(None)
 
@@ -172,6 +173,10 @@ def tune_model(
         Meta-schedule's search strategy: ``evolutionary`` (its default, a cost-model-guided
         search over a population of thousands) or ``replay-trace`` (random samples of the
         design space, no search: seconds instead of minutes, for smoke runs).
+    in_process : bool
+        Build and time the candidates in this process instead of worker processes (no
+        worker start-up; no timeout, and a crashing candidate takes the caller down): for
+        smoke runs.
 
     Returns
     -------
@@ -200,7 +205,7 @@ def tune_model(
         num_trials_per_iter=max(1, min(64, max_trials // num_tasks)),
         builder=(_InProcessBuilder() if in_process
                  else _LocalBuilder(max_workers=max_workers, timeout_sec=BUILDER_TIMEOUT_S)),
-        runner=(_InProcessRunner(RUNNER_TIMEOUT_S) if in_process
+        runner=(_InProcessRunner() if in_process
                 else ms.runner.LocalRunner(timeout_sec=RUNNER_TIMEOUT_S)),
         database=ms.database.JSONDatabase(work_dir=str(work_dir)),
         strategy=strategy,
