@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import QuietLoad
 
 from tvm_costfuse import targets
 from tvm_costfuse.measurement import calibrate
@@ -32,18 +33,6 @@ def _record(**figures) -> dict:
             "num_cores": CORES, "quick": True, "figures": MEASURED | figures}
 
 
-class _QuietLoad:
-    """No other load, whatever else the host runs (else the record is not cached at all)."""
-
-    cores = 0.0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        return None
-
-
 @pytest.fixture
 def first_use(monkeypatch):
     """Point first-use calibration at a path; returns the list of measurements taken."""
@@ -54,7 +43,7 @@ def first_use(monkeypatch):
         return _record()
 
     monkeypatch.setattr(calibrate, "measure", fake_measure)
-    monkeypatch.setattr(calibrate, "OtherLoad", _QuietLoad)
+    monkeypatch.setattr(calibrate, "OtherLoad", QuietLoad)
     # Notices are given once per process: each test starts a fresh one.
     for module, name in ((calibration, "_noticed"), (machine, "_noticed"), (machine, "_failed")):
         monkeypatch.setattr(module, name, set(), raising=False)

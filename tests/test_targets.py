@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tvm
+from conftest import QuietLoad
 
 from tvm_costfuse import targets
 from tvm_costfuse.measurement import calibrate
@@ -133,18 +134,6 @@ def test_calibration_round_trip(calibrated):
     assert calibrate.load(path.with_name("absent.json")) is None
 
 
-class _QuietLoad:
-    """``measurement.quiet.OtherLoad`` reading no other load, whatever else the host runs."""
-
-    cores = 0.0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        return None
-
-
 def test_first_use_measures_once_and_caches_per_cpu_and_cores(tmp_path, monkeypatch):
     """Without a record for this CPU and core count, pricing measures one (quick mode), says
     so, caches it, and the next process reads it; a disturbed measurement is not cached."""
@@ -164,7 +153,7 @@ def test_first_use_measures_once_and_caches_per_cpu_and_cores(tmp_path, monkeypa
     monkeypatch.setattr(calibration, "_measured", {})
     monkeypatch.setattr(calibrate, "measure", fake_measure)
     # Other test workers (xdist) or any job on the host must not decide what is cached.
-    monkeypatch.setattr(calibrate, "OtherLoad", _QuietLoad)
+    monkeypatch.setattr(calibrate, "OtherLoad", QuietLoad)
     one = targets.host(num_cores=1)
     assert one.source.endswith("+calibrated") and one.dram_bw == 12.5e9
     assert measured == [(1, True)] and calibration.load_calibration(path, 1)["num_cores"] == 1

@@ -18,6 +18,9 @@ from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import assert_close, build, run
 from tvm_costfuse.targets import host_target
 from tvm_costfuse.tuning.database import default_work_dir
+
+# One worker runs this file, so the tuning run below is made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("metaschedule-tuning")
 from tvm_costfuse.tuning.metaschedule import fuse, target_dir, tune_model, tuned_pipeline
 
 TUNED = "fused_matmul_add_gelu"  # FuseOps' first group in mlp_gelu: the one we tune
