@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +29,13 @@ import tvm
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import (
-    call_sampler,
     geomean,
     interleave,
     max_mismatch,
     run,
     vm_sampler,
 )
+from tvm_costfuse.report.bench import eager_sampler
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
 from tvm_costfuse.targets import host_target
 
@@ -51,18 +50,6 @@ except ImportError:  # torch is an optional extra
 # One timing sample lasts at least this long (back-to-back calls, averaged).
 _SAMPLE_MS = 50
 TORCH_THREADS = (1, 2)
-
-def _torch_sampler(fn: Callable, threads: int) -> Callable[[], float]:
-    """One sample = mean of back-to-back eager calls over >= _SAMPLE_MS at ``threads`` threads."""
-    calls = call_sampler(fn, _SAMPLE_MS)
-
-    def sample() -> float:
-        torch.set_num_threads(threads)
-        with torch.inference_mode():
-            return calls()
-
-    return sample
-
 
 def _ratio_line(times: dict[str, list[float]], num: str, den: str) -> str:
     pairs = [
@@ -127,7 +114,7 @@ def main() -> None:
             with torch.inference_mode():
                 torch_err = max_mismatch(ref, [fn().numpy()])
             for n in TORCH_THREADS:
-                samplers[f"torch{n}"] = [_torch_sampler(fn, n)]
+                samplers[f"torch{n}"] = [eager_sampler(fn, n)]
         t = {k: float(np.median(v)) for k, v in interleave(samplers, args.repeat).items()}
         for c in columns:
             times[c].append(t[c])

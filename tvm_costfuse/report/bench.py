@@ -30,7 +30,8 @@ from ..strategies import strategy_pipeline
 from ..targets import host_target
 from .cells import is_shape_func
 
-__all__ = ["DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "table", "workload"]
+__all__ = ["DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "eager_sampler", "table",
+           "workload"]
 
 OURS = ("none", "tvm", "costfuse")
 PEERS = ("eager", "ort")
@@ -116,7 +117,8 @@ def _with_threads(sample: Callable[[], float], threads: int) -> Callable[[], flo
     return timed
 
 
-def _eager_sampler(call: Callable[[], object], threads: int) -> Callable[[], float]:
+def eager_sampler(call: Callable[[], object], threads: int) -> Callable[[], float]:
+    """One sample: the mean of back-to-back PyTorch calls over 50 ms at ``threads`` threads."""
     import torch
 
     calls = call_sampler(call, _SAMPLE_MS)
@@ -170,7 +172,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS,
             row["err"][f"{s}@{t}"] = _scale_error(out[0], ref)
             samplers[f"{s}@{t}"] = _with_threads(vm_sampler(ex, w.inputs, min_ms=_SAMPLE_MS), t)
         if "eager" in peers and w.eager is not None:
-            samplers[f"eager@{t}"] = _eager_sampler(w.eager, t)
+            samplers[f"eager@{t}"] = eager_sampler(w.eager, t)
         if "ort" in peers and "ort" not in row["failed"]:
             try:  # an export or a session ORT refuses costs the ORT column, not the row
                 sess = _ort_session(w, onnx_path, t)
