@@ -28,6 +28,7 @@ from .pipelines import prepare
 from .strategies import STRATEGIES, strategy_pipeline
 from .targets import host_target, resolve
 from .transform import plan_module
+from .tuning.database import headline
 from .tuning.integrity import DatabaseLocked, exclusive
 
 
@@ -40,9 +41,8 @@ def _load(spec: str, small: bool, loader=models.load):
     try:
         return loader(spec, small=small)
     except Exception as err:
-        lines = [ln for ln in str(err).splitlines() if ln.strip()]
         raise UsageError(f"cannot load model {spec!r}: {type(err).__name__}: "
-                         f"{lines[-1] if lines else ''}") from err
+                         f"{headline(str(err))}") from err
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -106,7 +106,8 @@ def _print_decisions(mod: tvm.IRModule, target, measured: float, shown: int = 8)
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """``tvmc compile``'s job with CostFuse's fusion: one library, the plan beside it."""
-    from .export import TOLERANCE, check_request, compile_model, parse_config
+    from .export import check_request, compile_model, parse_config
+    from .measurement.timing import SCALED_TOLERANCE as TOLERANCE
 
     try:
         config = parse_config(args.config)
@@ -149,8 +150,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 rows.append(bench(w, args.threads, args.repeat, tmp, tuple(args.strategies),
                                   tuple(args.peers)))
             except Exception as err:  # noqa: BLE001 -- reported in the table
-                lines = [ln for ln in str(err).splitlines() if ln.strip()] or [""]
-                rows.append({"model": spec, "error": f"{type(err).__name__}: {lines[-1]}"[:200]})
+                rows.append({"model": spec,
+                             "error": f"{type(err).__name__}: {headline(str(err))}"[:200]})
     text = table(rows, args.threads, tuple(args.strategies), tuple(args.peers))
     from .export import short_target
 

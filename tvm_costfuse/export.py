@@ -20,12 +20,12 @@ import tvm
 
 from . import models
 from .config import PREFIX, FusionConfig
-from .measurement.timing import build, run
+from .measurement.timing import build, run, scaled_error
 from .report.cells import is_shape_func
 from .strategies import _VARIANTS, STRATEGIES, split_strategy, strategy_pipeline
 from .targets import host_target, resolve
 
-__all__ = ["TOLERANCE", "check_request", "compile_model", "parse_config", "runs_here",
+__all__ = ["check_request", "compile_model", "parse_config", "runs_here",
            "short_target"]
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(FusionConfig)}
@@ -53,11 +53,6 @@ def parse_config(items: list[str] | None) -> dict:
         else:
             config[key] = value.strip()
     return config
-
-
-#: Largest error, relative to the output's scale, ``verify`` accepts: float reassociation and
-#: the polynomial exp/erf/tanh stay well under it; a wrong kernel is off by O(1).
-TOLERANCE = 1e-4
 
 
 def runs_here(target: tvm.target.Target) -> bool:
@@ -142,12 +137,11 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
         if verify:
             want = run(build(mod, resolved.tvm, None, None), example)
             summary["max_error"] = max(
-                float(np.abs(g - w).max() / max(float(np.abs(w).max()), 1e-30))
-                for g, w in zip(got, want)) if want else 0.0
+                (scaled_error(g, w) for g, w in zip(got, want, strict=True)), default=0.0)
     if report is not None:
         from .report.explain import explain
 
-        strategy_config = {**_variant_config(strategy), **config}
+        strategy_config = {**split_strategy(strategy)[1], **config}
         plan = explain(mod, resolved, **strategy_config)
         plan["model"] = name or (model if isinstance(model, str) else "<module>")
         with open(report, "w") as f:
@@ -164,6 +158,3 @@ def short_target(target: tvm.target.Target) -> str:
             parts.append(f"-{key}={target.attrs[key]}")
     return " ".join(parts)
 
-
-def _variant_config(strategy: str) -> dict:
-    return split_strategy(strategy)[1]

@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 
 from ..graph import OpGraph, build_graph
-from ..measurement.timing import build, run
+from ..measurement.timing import SCALED_TOLERANCE, build, run, scaled_error
 from ..partition import apply_partition
 from ..pipelines import prepare, scheduled_pipeline
 from ..strategies import fusion_pass
@@ -37,9 +37,7 @@ TARGETS = {
 # The CPU flag each target's code needs to run here.
 _NEEDS = {"generic": None, "avx2": "avx2", "avx512": "avx512f"}
 GROUPINGS = ("costfuse", "intervals", "whole", "siblings", "fuseops")
-# Relative to the output's largest magnitude: float reassociation and fast_math's polynomial
-# exp/erf/tanh stay well under it; a mis-scheduled kernel is off by O(1).
-TOLERANCE = 1e-4
+TOLERANCE = SCALED_TOLERANCE  # of the output's largest magnitude (``timing.scaled_error``)
 
 
 def host_flags() -> set[str]:
@@ -213,9 +211,7 @@ def check(program: Program, case: Case, draws: Draws,
     worst = 0.0
     for g, w in zip(got, want):
         assert g.shape == w.shape, f"output shape {g.shape}, expected {w.shape}"
-        scale = max(float(np.abs(w).max()), 1e-30) if w.size else 1.0
-        err = float(np.abs(g - w).max()) / scale if w.size else 0.0
-        worst = max(worst, err)
+        worst = max(worst, scaled_error(g, w))
     assert worst <= TOLERANCE, (f"{case}: scaled error {worst:.3g} > {TOLERANCE}; "
                                 f"{program.describe()}")
     return worst

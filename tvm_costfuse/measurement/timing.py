@@ -182,6 +182,19 @@ def max_mismatch(
     return worst
 
 
+#: Largest :func:`scaled_error` that counts as the same result: float reassociation across
+#: fusions and the polynomial exp/erf/tanh stay well under it; a wrong kernel is off by O(1).
+SCALED_TOLERANCE = 1e-4
+
+
+def scaled_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| relative to the largest |want|: the outputs of deep random-weight
+    models are O(0.01)-O(1), and a per-element rtol would judge rounding noise near zero."""
+    if not want.size:
+        return 0.0
+    return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30)
+
+
 def geomean(values: Sequence[float]) -> float:
     """Geometric mean: the figure of merit across models."""
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan

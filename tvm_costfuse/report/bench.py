@@ -25,7 +25,15 @@ import tvm
 
 from .. import models
 from ..measurement.quiet import OtherLoad
-from ..measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
+from ..measurement.timing import (
+    SCALED_TOLERANCE,
+    call_sampler,
+    geomean,
+    interleave,
+    run,
+    scaled_error,
+    vm_sampler,
+)
 from ..strategies import strategy_pipeline
 from ..targets import host_target
 from .cells import is_shape_func
@@ -39,9 +47,6 @@ _SAMPLE_MS = 50
 # A row timed while other processes kept more than this many cores busy is marked: a 2-vCPU
 # host's 2-thread figures moved 2x under a short script elsewhere.
 DISTURBED_CORES = 0.1
-# A column whose output is further than this from the reference (relative to its scale) is
-# marked wrong and left out of the geomeans: reassociation stays well under it.
-TOLERANCE = 1e-4
 
 
 @dataclass
@@ -137,11 +142,6 @@ def _first_output(out) -> np.ndarray:
     return out.detach().numpy() if hasattr(out, "detach") else np.asarray(out)
 
 
-def _scale_error(got: np.ndarray, ref: np.ndarray) -> float:
-    """max |got - ref| relative to the reference's scale."""
-    return float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
-
-
 def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS,
           peers=PEERS) -> dict:
     """One model's row: kernels per strategy, and per thread count ms and error per column."""
@@ -169,7 +169,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS,
             calls: list[str] = []
             out = run(ex, w.inputs, calls=calls)
             row["kernels"][s] = sum(not is_shape_func(c) for c in calls)
-            row["err"][f"{s}@{t}"] = _scale_error(out[0], ref)
+            row["err"][f"{s}@{t}"] = scaled_error(out[0], ref)
             samplers[f"{s}@{t}"] = _with_threads(vm_sampler(ex, w.inputs, min_ms=_SAMPLE_MS), t)
         if "eager" in peers and w.eager is not None:
             samplers[f"eager@{t}"] = eager_sampler(w.eager, t)
@@ -178,7 +178,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS,
                 sess = _ort_session(w, onnx_path, t)
                 feed = {i.name: a
                         for i, a in zip(sess.get_inputs(), w.inputs.values(), strict=True)}
-                row["err"][f"ort@{t}"] = _scale_error(sess.run(None, feed)[0], ref)
+                row["err"][f"ort@{t}"] = scaled_error(sess.run(None, feed)[0], ref)
             except Exception as err:  # noqa: BLE001 -- reported in the row and the table
                 lines = str(err).splitlines() or [""]
                 row["failed"]["ort"] = f"{type(err).__name__}: {lines[0]}"[:160]
@@ -206,8 +206,8 @@ def _ort_session(w: Workload, path: str, threads: int):
 
 
 def _wrong(row: dict) -> set[str]:
-    """The columns whose output missed the reference by more than :data:`TOLERANCE`."""
-    return {c for c, e in row.get("err", {}).items() if not e <= TOLERANCE}
+    """The columns whose output missed the reference by more than ``SCALED_TOLERANCE``."""
+    return {c for c, e in row.get("err", {}).items() if not e <= SCALED_TOLERANCE}
 
 
 def disturbed(row: dict) -> bool:

@@ -51,7 +51,7 @@ from ..graph import OpGraph, build_graph
 from ..partition import apply_partition
 from ..pipelines import prepare
 from ..planner import plan_greedy
-from ..schedules import finish_pass, rules
+from ..schedules import finish_pass, first_rule
 from ..schedules.cuda import GuardedRule, gpu_rules
 from ..schedules.prepack import mark_constant_weights
 from ..targets import resolve
@@ -155,15 +155,16 @@ def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     model's build, so what is timed is the kernel the model runs; the trace is the rules'
     alone (a database record replays it, and the build finishes it the same way)."""
     if target.kind.name == "cuda":
-        candidates = [GuardedRule(r) for r in gpu_rules()]
+        sch = None
+        for rule in (GuardedRule(r) for r in gpu_rules()):
+            sch = rule.apply(func, target, False)
+            sch = (sch[0] if sch else None) if isinstance(sch, list) else sch
+            if sch is not None:
+                break
     else:
-        candidates = rules()
-    for rule in candidates:
-        sch = rule.apply(func, target, False)
-        if isinstance(sch, list):
-            sch = sch[0] if sch else None
-        if sch is not None:
-            return _finished(sch.mod["main"], target), sch.trace
+        sch = first_rule(func, target)[1]
+    if sch is not None:
+        return _finished(sch.mod["main"], target), sch.trace
     return _finished(func, target), tvm.s_tir.Schedule(func).trace
 
 
@@ -360,8 +361,7 @@ def refeature(work_dir=None, target=None) -> tuple[int, int, dict[str, str]]:
                 graphs[model] = build_graph(prepare(models.load_variant(model)[0],
                                                     resolved.tvm))
             except Exception as err:  # noqa: BLE001 -- its rows are kept; the caller says why
-                lines = [ln for ln in str(err).splitlines() if ln.strip()]
-                missing[model] = f"{type(err).__name__}: {lines[-1] if lines else ''}"[:200]
+                missing[model] = f"{type(err).__name__}: {headline(str(err))}"[:200]
         if model in missing:
             rows.append(row)
             continue
