@@ -165,6 +165,51 @@ def _row_loop(sch, block, n):
     return fused, sch.get(fused).extent
 
 
+
+def _vector_partials(sch, blocks, target) -> None:
+    """Every reduction of ``blocks`` into one vector of partial results (rfactor), the last
+    vector of a ragged row partitioned off."""
+    for blk in blocks:
+        rf = _vector_rfactor(sch, blk, target)
+        if rf is None:
+            continue
+        rf_loops = sch.get_loops(rf)  # lanes partial sums side by side: a vector accumulator
+        guard = get_sblockrealize(sch, rf).predicate  # the last vector of a ragged row
+        sch.vectorize(rf_loops[-1])
+        if not (isinstance(guard, tirx.IntImm) and guard.value == 1):
+            sch.annotate(rf_loops[-2], PARTITION_HINT, 1)
+        sch.decompose_reduction(rf, _first_reduction_loop(sch, rf))
+
+
+def _vectorize_rows(sch, blocks, target, min_loops: int) -> None:
+    """The innermost loop of every spatial block of ``blocks`` (with at least ``min_loops``
+    loops: a row loop above it) vectorized: whole vectors, a concat per row partitioned at its
+    parts' bounds, a ragged row's tail peeled off."""
+    for blk in blocks:
+        stmt = sch.get(blk)
+        blk_loops = sch.get_loops(blk)
+        if not is_spatial(stmt) or len(blk_loops) < min_loops:
+            continue
+        ext = int_extent(sch, blk_loops[-1])
+        if ext is None or ext < 2:
+            continue
+        lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
+        if selects_loads(stmt.body) and ext % lanes == 0:
+            # A concat per row: whole vectors, their loop partitioned at the parts'
+            # bounds, so each part's vectors load it directly (no select of every part).
+            outer, inner = sch.split(blk_loops[-1], [None, lanes])
+            sch.annotate(outer, PARTITION_HINT, 1)
+            sch.vectorize(inner)
+            continue
+        if ext % lanes and ext > 2 * lanes:
+            vectorize_with_tail(sch, blk_loops[-1], lanes)
+            continue
+        tile = vector_tile(ext, lanes)
+        inner = blk_loops[-1] if tile >= ext else sch.split(blk_loops[-1], [None, tile])[1]
+        if tile >= 2:
+            sch.vectorize(inner)
+
+
 def _parallel_rows(sch):
     """``sch``'s function with its one root loop (the merged rows) parallel, on a new Schedule.
 
@@ -221,7 +266,10 @@ class RowReduction(SafeRule):
     a row stays in cache between the reduction passes and the final write. Innermost
     reductions at least two vectors long are rfactored into one vector of partial results
     (:func:`_vector_rfactor`; sums reassociate, within float tolerance), and a row that is
-    not a whole number of vectors runs its last, partial vector as a scalar tail.
+    not a whole number of vectors runs its last, partial vector as a scalar tail. A single
+    row (a decode step's norm over its one token: every reduction reduces all it reads to one
+    value) has no row loop to merge or run in parallel: its blocks keep their nests, serial,
+    with the same vector partials and vectorized rows.
     """
 
     classes = (ScheduleClass.REDUCTION,)
@@ -236,14 +284,19 @@ class RowReduction(SafeRule):
             return None
         if all(is_spatial(sch.get(b)) for b in blocks):
             return None
-        lead = []
+        lead, single_row = [], True
         for blk in blocks:
             kinds = loop_kinds(sch, blk)
             if kinds is None:
                 return None
             lead.append(len(kinds) - len("".join(kinds).lstrip("S")))
+            wide = [k for k, lp in zip(kinds, sch.get_loops(blk)) if int_extent(sch, lp) != 1]
+            single_row &= (len(wide) <= 1 if is_spatial(sch.get(blk)) else set(wide) <= {"R"})
         n = min(lead)
-        if n == 0 or not _rows_consistent(sch, blocks, n):
+        # One row (a decode step's norm over its one token): every reduction reduces all it
+        # reads to one value, every spatial block is one row; each block keeps its own nest,
+        # in program order, serial.
+        if not single_row and (n == 0 or not _rows_consistent(sch, blocks, n)):
             return None
         # A second output (an elementwise member read outside the group): the features price
         # such groups as the fallback (synth-0's measured 2.6x slower fused), so decline.
@@ -252,6 +305,10 @@ class RowReduction(SafeRule):
         if any(w.source.same_as(o) for b in blocks[:-1] for w in sch.get(b).writes
                for o in outputs):
             return None
+        if single_row:
+            _vector_partials(sch, blocks, target)
+            _vectorize_rows(sch, blocks, target, min_loops=1)
+            return sch
         # Each block keeps its own nest at the root: its row loops fused (and parallel), its
         # reduction split into vector partials (rfactor: a nest of its own before it), its
         # inner loops vectorized; only then are the row loops of all nests merged into one,
@@ -272,39 +329,8 @@ class RowReduction(SafeRule):
         if parallel:
             for lp, _ in nests:
                 sch.parallel(lp)
-        for blk in blocks:
-            rf = _vector_rfactor(sch, blk, target)
-            if rf is None:
-                continue
-            rf_loops = sch.get_loops(rf)  # lanes partial sums side by side: a vector accumulator
-            guard = get_sblockrealize(sch, rf).predicate  # the last vector of a ragged row
-            sch.vectorize(rf_loops[-1])
-            if not (isinstance(guard, tirx.IntImm) and guard.value == 1):
-                sch.annotate(rf_loops[-2], PARTITION_HINT, 1)
-            sch.decompose_reduction(rf, _first_reduction_loop(sch, rf))
-        for blk in blocks:
-            stmt = sch.get(blk)
-            blk_loops = sch.get_loops(blk)
-            if not is_spatial(stmt) or len(blk_loops) < 2:
-                continue
-            ext = int_extent(sch, blk_loops[-1])
-            if ext is None or ext < 2:
-                continue
-            lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
-            if selects_loads(stmt.body) and ext % lanes == 0:
-                # A concat per row: whole vectors, their loop partitioned at the parts'
-                # bounds, so each part's vectors load it directly (no select of every part).
-                outer, inner = sch.split(blk_loops[-1], [None, lanes])
-                sch.annotate(outer, PARTITION_HINT, 1)
-                sch.vectorize(inner)
-                continue
-            if ext % lanes and ext > 2 * lanes:
-                vectorize_with_tail(sch, blk_loops[-1], lanes)
-                continue
-            tile = vector_tile(ext, lanes)
-            inner = blk_loops[-1] if tile >= ext else sch.split(blk_loops[-1], [None, tile])[1]
-            if tile >= 2:
-                sch.vectorize(inner)
+        _vector_partials(sch, blocks, target)
+        _vectorize_rows(sch, blocks, target, min_loops=2)
         row_loops = []  # one per nest (a decomposed partial has two blocks in its nest)
         for blk in root_blocks(sch):
             top = sch.get_loops(blk)[0]

@@ -71,6 +71,10 @@ DEFAULT: dict[str, tuple[str, ...]] = {
     "falcon": ("costfuse",),
     "phi": ("costfuse",),
     "llama": ("none", "costfuse"),
+    "qwen2": ("costfuse",),
+    "qwen2_decode1024": ("tvm", "costfuse", "cuda"),
+    "gpt2_decode128": ("costfuse",),
+    "falcon_decode128": ("costfuse",),
     "bart_encoder": ("costfuse",),
     "bart_decoder": ("costfuse", "cuda"),
     "t5_encoder": ("costfuse",),
@@ -123,6 +127,28 @@ def test_same_name_same_model() -> None:
     assert all(torch.equal(x, y) for x, y in zip(a1, a2, strict=True))
     s1, s2 = m1.state_dict(), m2.state_dict()
     assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gpt2", "falcon"])
+def test_decode_step_continues_the_prefill(name: str) -> None:
+    """The step's output is the last position of a prefill over the cached tokens and the new
+    one: the cache tensors are read as the model's own keys and values, not ignored."""
+    step, args = corpus.build_torch(f"{name}_decode128", small=True)
+    token, mask, *cache = args
+    past = cache[0].shape[-2]
+    ids = torch.randint(0, step.model.config.vocab_size, (1, past))
+    with torch.no_grad():
+        kv = step.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                        use_cache=True).past_key_values
+        cache = [t for layer in kv.layers for t in (layer.keys, layer.values)]
+        got = step(token, mask, *cache)
+        whole = torch.cat([ids, token], dim=1)
+        want = step.model(input_ids=whole, attention_mask=torch.ones_like(whole),
+                          use_cache=False).last_hidden_state[:, -1:]
+        other = step(token, mask, *[torch.randn_like(t) for t in cache])
+    assert got.shape == (1, 1, step.model.config.hidden_size)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(got, other, atol=1e-3)  # the cache matters
 
 
 @pytest.mark.parametrize("name", _planned("llvm"))

@@ -1,11 +1,12 @@
 """The schedule class the cost model prices a fused kernel as is the class of the rule that
-schedules it: for every group CostFuse fuses on the zoo, the rule ``ApplyDefaultSchedule``
+schedules it: for every group CostFuse fuses on the zoo and on the corpus' decode steps (one
+token against a KV cache: one query row, one normalized row), the rule ``ApplyDefaultSchedule``
 applies to the group's kernel (``schedules.first_rule``) produces the class
 ``GroupFeatures.schedule_on`` predicted. A mismatch means the plan priced another kernel than
 the one that runs; the wrong result of a unit-extent reduction in a two-reduction kernel sat in
 that gap.
 
-Full shapes, on a fixed AVX2 target (nothing here runs a kernel, so no host ISA is assumed).
+Full shapes for the zoo, the small variants of the decode steps, on a fixed AVX2 target (nothing here runs a kernel, so no host ISA is assumed).
 Single ops are not checked here: they are the same kernels under every strategy, and some are
 priced as another class than the rule that takes them (a lone max pool or sum is priced as a
 row reduction and scheduled by the fallback; a conv whose output ends in a unit axis is
@@ -28,11 +29,14 @@ from tvm_costfuse.tuning.feedback import group_kernel
 TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 
 
-@pytest.mark.parametrize("name", models.zoo.names())
+DECODE_STEPS = [n for n in models.corpus_names() if n.endswith("_decode128")]
+
+
+@pytest.mark.parametrize("name", models.zoo.names() + DECODE_STEPS)
 def test_planned_kernels_get_the_rule_they_were_priced_as(name: str) -> None:
     target = tvm.target.Target(TARGET)
     desc = resolve(target).desc
-    mod = prepare(models.load(name)[0], target)
+    mod = prepare(models.load(name, small=name in DECODE_STEPS)[0], target)
     graph = build_graph(mod)
     checked, wrong = 0, []
     for members in plan_module(mod, desc, FusionConfig()).groups:

@@ -270,6 +270,22 @@ def test_row_reduction_computes_everything_per_row():
     assert tirx.ForKind.VECTORIZED in _kinds(func)
 
 
+def test_row_reduction_takes_a_single_row_serial_and_vectorized():
+    # a decode step's RMS norm over its one token: no row loop to run in parallel, each
+    # reduction one vector of partial sums
+    x = relax.Var("x", relax.TensorType((1, 1, 256), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        out = bb.emit(OP.nn.rms_norm(x, _const(_RNG, 256), axes=[-1]))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    [func] = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    scheduled = _scheduled(RowReduction(), func)
+    assert any(n.endswith("_rf_update") for n in _block_names(scheduled))
+    assert tirx.ForKind.VECTORIZED in _kinds(scheduled)
+    assert tirx.ForKind.PARALLEL not in _kinds(scheduled)
+
+
 @T.prim_func(private=True, s_tir=True)
 def global_avg_pool(x: T.Buffer((1, 32, 56, 56), "float32"), y: T.Buffer((1, 32, 1, 1), "float32")):
     red = T.sblock_alloc_buffer((1, 32, 1, 1))
@@ -431,6 +447,12 @@ CASES = {
         {"x": (2, 9, 64)},
     ),
     "rmsnorm": (lambda bb, x: OP.nn.rms_norm(x, _const(_RNG, 48), axes=[-1]), {"x": (17, 48)}),
+    # one token (a decode step): a single row, ragged (200 = 12 vectors of 16 and 8)
+    "rmsnorm_one_row": (
+        lambda bb, x: OP.nn.rms_norm(x, _const(_RNG, 200), axes=[-1]), {"x": (1, 1, 200)}),
+    "layernorm_one_row": (
+        lambda bb, x: OP.nn.layer_norm(OP.add(x, x), _const(_RNG, 37), _const(_RNG, 37),
+                                       axes=[-1]), {"x": (1, 37)}),
     "mean_hw": (lambda bb, x: OP.mean(x, axis=[2, 3], keepdims=True), {"x": (2, 8, 12, 12)}),
     "mean_sum": (
         lambda bb, x: OP.add(OP.mean(x, axis=[2, 3]), OP.sum(x, axis=[2, 3])),

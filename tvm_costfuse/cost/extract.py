@@ -204,6 +204,10 @@ def _is_attention(graph: OpGraph, facts: dict[str, _NodeFacts], member,
     if not node.outputs or keys > MAX_KEYS:
         return False
     out = node.outputs[0].shape
+    if len(out) < 2 or out[-2] == 1:
+        # One query row (a decode step): the rule's einsum roles find no row axis (a unit
+        # extent is no row, schedules/gemm.py analyze) and the rule declines the group.
+        return False
     candidates = [src for src in pv.producers if src in member and graph[src].outputs
                   and len(shape := graph[src].outputs[0].shape) >= 2
                   and shape[-1] == keys and shape[-2] == out[-2]]

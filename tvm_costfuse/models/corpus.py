@@ -1,7 +1,8 @@
 """The real-model corpus: torchvision and Hugging Face architectures, loadable by name.
 
 ``names()`` lists them, ``family(name)`` groups them (``cnn``, ``vision_transformer``,
-``encoder``, ``decoder``, ``seq2seq``, ``speech``) so that a cost model can be trained on some
+``encoder``, ``decoder``, ``decode``, ``seq2seq``, ``speech``; ``decode``: a decoder's one-token step
+against a KV cache) so that a cost model can be trained on some
 families and judged on a held-out one, and ``load(name, small=False)`` returns
 ``(IRModule, inputs, torch module)``: the module imported through ``torch.export`` with its
 weights bound as constants, the example inputs keyed by the Relax parameter names, and the
@@ -30,7 +31,7 @@ __all__ = [
     "torch_inputs",
 ]
 
-FAMILIES = ("cnn", "vision_transformer", "encoder", "decoder", "seq2seq", "speech")
+FAMILIES = ("cnn", "vision_transformer", "encoder", "decoder", "decode", "seq2seq", "speech")
 
 # Models that also go through torch.onnx.export and TVM's ONNX frontend (a spread over the
 # families), with the exporter each needs: "torchscript" (opset 17) where it works, else

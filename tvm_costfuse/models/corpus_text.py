@@ -6,8 +6,10 @@ and ops at hidden 32, 2 heads, FFN 64, 16 tokens, vocabulary 128. The full vocab
 30522 for every model: it only sizes the table the embedding gather reads, which no fusion
 decision depends on, and the real ones (up to BLOOM's 250880) would make a 770 MB constant.
 Attention is HF's ``eager`` implementation: explicit matmul, mask add and softmax, which is
-what a fusion pass decides about (``sdpa`` would import as one opaque attention op). Decoders
-run without a KV cache (a prefill).
+what a fusion pass decides about (``sdpa`` would import as one opaque attention op). The
+decoders run as a prefill (an empty KV cache); their ``<name>_decode<past>`` entries are one
+generated token against a KV cache of ``past`` tokens (128 and 1024; 8 and 64 in the small
+variant), the cache passed as tensors, so that the step is what generation runs per token.
 
 Each builder returns ``(torch module, example args)``; the module is a thin wrapper whose
 ``forward`` takes the tensors positionally (their parameter names become the Relax input
@@ -115,10 +117,51 @@ def _gpt2(small: bool):
     from transformers import GPT2Config, GPT2Model
 
     d = dims(small)
-    config = GPT2Config(vocab_size=d.vocab, n_positions=max(1024, d.seq), n_embd=d.hidden,
+    config = GPT2Config(vocab_size=d.vocab, n_positions=max(2048, d.seq), n_embd=d.hidden,
                         n_layer=d.layers, n_head=d.heads, n_inner=d.ffn, use_cache=True,
                         bos_token_id=1, eos_token_id=2, attn_implementation="eager")
     return _Tokens(GPT2Model(config)), _tokens(d)
+
+
+class _DecodeStep(nn.Module):
+    """One new token against a KV cache given as tensors: ``(input_ids, attention_mask, k0, v0,
+    k1, v1, ...)`` -> ``last_hidden_state``. The tensors fill a ``DynamicCache`` inside
+    ``forward``, so that ``torch.export`` sees them as inputs and the step concatenates the new
+    keys and values onto them as generation does."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                *cache: torch.Tensor) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        kv = DynamicCache()
+        for layer in range(len(cache) // 2):
+            kv.update(cache[2 * layer], cache[2 * layer + 1], layer)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, cache=kv,
+                          use_cache=True).last_hidden_state
+
+
+def _decode_step(prefill: Callable, full_past: int):
+    """The decode step of a decoder entry's model, its cache filled by a real prefill of
+    ``past`` random tokens (so keys and values have the model's own statistics)."""
+
+    def build(small: bool):
+        past = full_past // 16 if small else full_past
+        tokens, _ = prefill(small)
+        model = tokens.model
+        vocab = model.config.vocab_size
+        ids = torch.randint(0, vocab, (1, past), dtype=torch.int64)
+        with torch.no_grad():
+            cache = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                          use_cache=True).past_key_values
+        kv = [t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
+        token = torch.randint(0, vocab, (1, 1), dtype=torch.int64)
+        return _DecodeStep(model), (token, torch.ones(1, past + 1, dtype=torch.int64), *kv)
+
+    return build
 
 
 def _decoder(config_name: str, model_name: str, **fields):
@@ -131,8 +174,8 @@ def _decoder(config_name: str, model_name: str, **fields):
         import transformers
 
         d = dims(small)
-        kw = {k: getattr(d, v) if isinstance(v, str) and hasattr(d, v) else v
-              for k, v in fields.items()}
+        kw = {k: getattr(d, v) if isinstance(v, str) and hasattr(d, v)
+              else v(d) if callable(v) else v for k, v in fields.items()}
         config = getattr(transformers, config_name)(
             vocab_size=d.vocab, use_cache=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
             attn_implementation="eager", **kw)
@@ -257,6 +300,11 @@ MODELS: dict[str, tuple[str, Callable]] = {
                                 **_LAYERS)),
     "llama": ("decoder", _decoder("LlamaConfig", "LlamaModel", intermediate_size="ffn",
                                   num_key_value_heads="heads", **_LAYERS)),
+    # Qwen2's block: grouped-query attention (12 query heads share 2 key/value heads; 2:1 in
+    # the small variant), biases on the q/k/v projections only, SwiGLU, RMSNorm, rotary.
+    "qwen2": ("decoder", _decoder("Qwen2Config", "Qwen2Model", intermediate_size="ffn",
+                                  num_key_value_heads=lambda d: max(1, d.heads // 6),
+                                  **_LAYERS)),
     "bart_encoder": ("seq2seq", _bart("encoder")),
     "bart_decoder": ("seq2seq", _bart("decoder")),
     "t5_encoder": ("seq2seq", _t5_encoder),
@@ -264,3 +312,6 @@ MODELS: dict[str, tuple[str, Callable]] = {
     "vit": ("vision_transformer", _vit),
     "segformer": ("vision_transformer", _segformer),
 }
+_DECODERS = [name for name, (fam, _) in MODELS.items() if fam == "decoder"]
+MODELS.update({f"{name}_decode{past}": ("decode", _decode_step(MODELS[name][1], past))
+               for past in (128, 1024) for name in _DECODERS})
