@@ -25,6 +25,9 @@ features (``cost/extract.py``) do not call such a group attention either. A caus
 applied as the corpus spells it (a ``where`` or an added mask tensor); masked blocks are
 computed, not skipped.
 
+One query row per head (a decode step against a KV cache) is scheduled by
+``attention_decode``: per head, with the cache's copies computed where they are read.
+
 Recognized structurally, never by name: the last einsum-form contraction (P V) reduces over
 the last index of its row operand P, which a chain of blocks containing a row reduction
 produces, optionally from a first contraction (the scores). Every block of that chain must be
@@ -57,6 +60,7 @@ from ._common import (
     vector_tile,
 )
 from ._loops import PARTITION_HINT, SafeRule, schedule_rest, split_loops, vectorize_with_tail
+from .attention_decode import schedule_one_row
 from .attention_roles import (
     einsum,
     last_index,
@@ -110,7 +114,9 @@ class Attention(SafeRule):
         stmt = sch.get(pv)
         store, _, _ = _operands(stmt)
         roles = einsum(stmt)
-        if roles.row is None or len(roles.reduce) != 1:
+        if roles.row is None:  # one query row per head: a decode step
+            return schedule_one_row(sch, qk_name, pv_name, target)
+        if len(roles.reduce) != 1:
             return None
         key = roles.reduce[0]
         p_load = roles.other

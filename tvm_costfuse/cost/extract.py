@@ -194,7 +194,8 @@ def _is_attention(graph: OpGraph, facts: dict[str, _NodeFacts], member,
     is computed in the group by a softmax over the keys (:func:`_softmax_chain`; a layer
     norm's per-row rsqrt feeding a Linear is no attention) from scores read from outside or
     computed by the group's other contraction (``Q K^T``, as many elements as ``P``); after
-    P V only elementwise members.
+    P V only elementwise members. One query row per head (a decode step) is the rule's too
+    (``schedules/attention_decode.py``).
     """
     if not 1 <= len(contractions) <= 2:
         return False
@@ -204,9 +205,7 @@ def _is_attention(graph: OpGraph, facts: dict[str, _NodeFacts], member,
     if not node.outputs or keys > MAX_KEYS:
         return False
     out = node.outputs[0].shape
-    if len(out) < 2 or out[-2] == 1:
-        # One query row (a decode step): the rule's einsum roles find no row axis (a unit
-        # extent is no row, schedules/gemm.py analyze) and the rule declines the group.
+    if len(out) < 2:
         return False
     candidates = [src for src in pv.producers if src in member and graph[src].outputs
                   and len(shape := graph[src].outputs[0].shape) >= 2
