@@ -43,7 +43,13 @@ from ._common import (
     vector_lanes,
     vector_tile,
 )
-from ._loops import PARTITION_HINT, schedule_rest, split_loops
+from ._loops import (
+    PARTITION_HINT,
+    loop_kinds,
+    schedule_rest,
+    split_loops,
+    vectorize_with_tail,
+)
 from .attention_roles import einsum, loops_below, p_chain, producer_of
 from .reduction import _vector_rfactor
 
@@ -107,7 +113,7 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
     pv = sch.get_sblock(pv_name)
     stmt = sch.get(pv)
     extents = {iv.var: iv.dom.extent for iv in stmt.iter_vars}
-    cols, keys = int_extent_of(extents, pv_roles.col), int_extent_of(extents,
+    cols, keys = _int_extent_of(extents, pv_roles.col), _int_extent_of(extents,
                                                                       pv_roles.reduce[0])
     if cols is None or keys is None:
         return None
@@ -115,14 +121,15 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
     if loops is None:
         return None
     batch, reduce_loops, col_loop, _ = loops
-    if col_loop is None or len(reduce_loops) != 1 or not batch:
+    if col_loop is None or len(reduce_loops) != 1:
         return None
     dtype = str(stmt.writes[0].source.dtype)
     lanes = vector_lanes(target, dtype)
     tile = vector_tile(cols, lanes, _MAX_ACC_VECTORS)
     co, ci = sch.split(col_loop, factors=[None, tile])
     sch.reorder(*batch, co, reduce_loops[0], ci)
-    par = sch.fuse(*batch) if len(batch) > 1 else batch[0]
+    # one loop over the heads (a unit one for a single head) that the chain is computed under
+    par = sch.fuse(*batch) if len(batch) > 1 else batch[0] if batch else sch.add_unit_loop(co)
     heads = int_extent(sch, par) or 1
     writeback = sch.cache_write(pv, 0, "local")
     sch.reverse_compute_at(writeback, co, preserve_unit_loops=True)
@@ -170,17 +177,21 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
         blk_loops = sch.get_loops(blk)
         if (int_extent(sch, blk_loops[-1]) or 0) > 1:
             sch.vectorize(blk_loops[-1])
-    done = {*names, pv_name, sch.get(init).name_hint, sch.get(writeback).name_hint}
+    # everything under the heads loop is this rule's; only an epilogue outside it is not
+    done = {sch.get(b).name_hint for b in root_blocks(sch)
+            if any(_same(sch, lp, par) for lp in sch.get_loops(b))}
     schedule_rest(sch, target, done)
     return sch
 
 
-def int_extent_of(extents: dict, var) -> int | None:
+def _int_extent_of(extents: dict, var) -> int | None:
+    """The constant extent of block var ``var`` (None where symbolic)."""
     ext = extents.get(var)
     return int(ext) if ext is not None and hasattr(ext, "value") else None
 
 
 def _reduce_extent(sch, name: str) -> int:
+    """The product of a block's constant reduction extents (1 for a spatial block)."""
     stmt = sch.get(sch.get_sblock(name))
     return math.prod(int(iv.dom.extent) for iv in stmt.iter_vars
                      if iv.iter_type == iv.CommReduce and hasattr(iv.dom.extent, "value"))
@@ -216,8 +227,6 @@ def _vectorize_inner(sch, block, top, lanes: int, partial: bool) -> None:
         if ext >= 2 * lanes and ext % lanes == 0:
             sch.vectorize(sch.split(last, factors=[None, lanes])[1])
         elif ext > lanes:
-            from ._loops import vectorize_with_tail
-
             vectorize_with_tail(sch, last, lanes)
         elif ext > 1:
             sch.vectorize(last)
@@ -228,8 +237,6 @@ def _vectorize_inner(sch, block, top, lanes: int, partial: bool) -> None:
 
 
 def _first_reduce_loop(sch, block):
-    from ._loops import loop_kinds
-
     kinds = loop_kinds(sch, block)
     if kinds is None:
         return None

@@ -107,3 +107,61 @@ def attention_program(b: int, h: int, s: int, d: int, form: str = "plain",
             out = bb.emit_output(relax.Tuple([bb.emit(out), p]) if probs_out else out)
         bb.emit_func_output(out)
     return prepare(bb.get()), inputs
+
+
+def decode_attention_program(kv_heads: int, group: int, past: int, d: int,
+                             rotary: bool = True, seed: int = 0):
+    """One decode step's attention as the PyTorch importer emits a GQA decoder's (Llama,
+    Qwen2): the new token's query and key rotated (``x cos + rotate_half(x) sin``), its key
+    and value concatenated onto caches of ``past`` tokens, repeated over the ``group`` query
+    heads that share each of the ``kv_heads`` (``repeat_kv``: expand_dims, broadcast_to,
+    reshape), the keys transposed, ``softmax(q K^T / sqrt(d) + mask) V``; prepared for fusion,
+    with its inputs (``tests/test_attention.py``)."""
+    import math
+
+    import numpy as np
+    from tvm import relax
+
+    from .pipelines import prepare
+
+    F32, op = "float32", relax.op
+    heads, keys = kv_heads * group, past + 1
+    shapes = {"q": (1, heads, 1, d), "k": (1, kv_heads, 1, d), "v": (1, kv_heads, 1, d),
+              "cache_k": (1, kv_heads, past, d), "cache_v": (1, kv_heads, past, d),
+              "mask": (1, 1, 1, keys)}
+    rng = np.random.default_rng(seed)
+    inputs = {n: rng.standard_normal(s).astype(F32) for n, s in shapes.items()}
+    inputs["mask"] = np.where(rng.random(shapes["mask"]) < 0.1, -1e4, 0.0).astype(F32)
+    params = {n: relax.Var(n, relax.TensorType(s, F32)) for n, s in shapes.items()}
+    angle = rng.random((1, 1, 1, d)) * math.pi
+    cos, sin = (relax.const(f(angle).astype(F32)) for f in (np.cos, np.sin))
+    bb = relax.BlockBuilder()
+
+    def rotate(x):
+        if not rotary:
+            return x
+        half = d // 2
+        lo = bb.emit(op.strided_slice(x, [3], [0], [half]))
+        hi = bb.emit(op.strided_slice(x, [3], [half], [d]))
+        turned = bb.emit(op.concat([bb.emit(op.negative(hi)), lo], axis=3))
+        return bb.emit(op.add(op.multiply(x, cos), bb.emit(op.multiply(turned, sin))))
+
+    def repeat(x):
+        if group == 1:
+            return x
+        x = bb.emit(op.broadcast_to(bb.emit(op.expand_dims(x, 2)),
+                                    (1, kv_heads, group, keys, d)))
+        return bb.emit(op.reshape(x, (1, heads, keys, d)))
+
+    with bb.function("main", list(params.values())):
+        with bb.dataflow():
+            p = params
+            q = rotate(p["q"])
+            k = repeat(bb.emit(op.concat([p["cache_k"], rotate(p["k"])], axis=2)))
+            v = repeat(bb.emit(op.concat([p["cache_v"], p["v"]], axis=2)))
+            sc = bb.emit(op.matmul(q, bb.emit(op.permute_dims(k, [0, 1, 3, 2]))))
+            sc = bb.emit(op.add(op.multiply(sc, relax.const(1 / math.sqrt(d), F32)),
+                                p["mask"]))
+            out = bb.emit_output(op.matmul(bb.emit(op.nn.softmax(sc, axis=-1)), v))
+        bb.emit_func_output(out)
+    return prepare(bb.get()), inputs
