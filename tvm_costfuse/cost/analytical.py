@@ -53,6 +53,15 @@ from .features import GroupFeatures
 # threads) and measured 1.04-1.62, the error on the split side (most likely its scores
 # tensor, 75 MiB-1 GiB there, priced under the compute by the overlap term), not in this
 # share (rocketlake host, under load; docs/benchmarks.md, "Fused attention for long key rows").
+# One query row per head (a decode step; ``schedules/attention_decode.py``) is priced at the
+# same share, which it does not reach: measured per layer at 1 thread it ran 6.2-7.6x slower
+# than this compute term on qwen2 (128 and 1024 past) and falcon, 8-9x with memory on opt and
+# gpt2 (znver4, 2026-12-03, ``scripts/research/kernel_profile.py``; docs/benchmarks.md,
+# "Decode steps"). Its alternative is priced further off: FuseOps' transposing copy of the
+# keys (concat, rotary, GQA repeat, transpose: a gather per element) at 26x under its
+# measured time, the value copy at 5x. Priced at its measured share (0.075), the fused kernel
+# loses to that copy on paper and the planner keeps FuseOps' kernels, 1.45-1.88x slower as
+# measured; so both stay as they are until transposing copies are priced per gather.
 _EFF = {
     "cpu": {SC.CONTRACTION: 0.55, SC.CONTRACTION_STREAM: 0.55, SC.REDUCTION: 0.25,
             SC.ELEMENTWISE: 0.05, SC.FALLBACK: 0.05, SC.ATTENTION: 0.55},

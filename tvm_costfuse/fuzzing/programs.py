@@ -279,9 +279,28 @@ class _Builder:
         self.emit("attention", op.matmul(op.nn.softmax(scores, axis=-1), v))
         return True
 
+    def decode_attention(self) -> bool:
+        """A decode step's attention: the last row's query against keys and values that are a
+        constant cache of ``past`` rows with the last row's own concatenated (one query row,
+        the cache's copies inside the kernel: ``schedules/attention_decode.py``)."""
+        i, x = self.take(3)
+        if x is None:
+            return False
+        b, s, d = self.shape(x)
+        past = self.d.pick((1, 2, 7, 15, 16, 33))
+        op = relax.op
+        last = op.strided_slice(x, [1], [s - 1], [s])
+        q, k, v = (op.matmul(last, self.const((d, d), 1 / math.sqrt(d))) for _ in range(3))
+        keys, values = (op.concat([self.const((b, past, d), 1.0), t], axis=1) for t in (k, v))
+        scores = op.multiply(op.matmul(q, op.permute_dims(keys, [0, 2, 1])),
+                             relax.const(1 / math.sqrt(d)))
+        self.used.add(i)
+        self.emit("decode_attention", op.matmul(op.nn.softmax(scores, axis=-1), values))
+        return True
+
     EMITTERS = ("conv", "conv", "channel_affine", "unary", "unary", "binary", "binary",
                 "reduce", "normalize", "pool2d", "flatten", "linear", "transpose", "concat",
-                "attention")
+                "attention", "decode_attention")
 
 
 def draw_program(draws: Draws, max_ops: int = 10) -> Program:
