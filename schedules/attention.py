@@ -46,7 +46,6 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from . import gemm
 from ._common import (
     MIN_PARALLEL_FMAS,
-    has_costly_call,
     inline_epilogue,
     inline_spatial,
     int_extent,
@@ -63,10 +62,10 @@ from ._loops import PARTITION_HINT, SafeRule, schedule_rest, split_loops, vector
 from .attention_decode import schedule_one_row
 from .attention_roles import (
     einsum,
+    inline_probabilities,
     last_index,
     loops_below,
     p_chain,
-    producer_of,
     reduces_last_axis,
     same_vars,
 )
@@ -166,16 +165,7 @@ class Attention(SafeRule):
             tiles -= 1  # a whole number of row blocks where the register tile divides
         rows = sub * tiles
 
-        # P's producer (P = exp * (1 / sum)) is read once per key and output tile: inline it.
-        p_block = producer_of(sch, p_load.source)
-        p_stmt = sch.get(p_block)
-        if is_spatial(p_stmt) and not has_costly_call(p_stmt.body) and len(
-                sch.get_consumers(p_block)) == 1:
-            try:
-                sch.compute_inline(p_block)
-                chain.remove(p_stmt.name_hint)
-            except s_tir.ScheduleError:
-                pass
+        inline_probabilities(sch, p_load.source, chain)
 
         pv = sch.get_sblock(pv_name)
         loops = split_loops(sch, pv, roles.col, roles.row)

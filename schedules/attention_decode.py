@@ -36,7 +36,6 @@ from tvm import s_tir
 
 from ._common import (
     MIN_PARALLEL_FMAS,
-    has_costly_call,
     int_extent,
     is_spatial,
     root_blocks,
@@ -50,7 +49,13 @@ from ._loops import (
     split_loops,
     vectorize_with_tail,
 )
-from .attention_roles import einsum, loops_below, p_chain, producer_of
+from .attention_roles import (
+    einsum,
+    inline_probabilities,
+    loops_below,
+    p_chain,
+    producer_of,
+)
 from .reduction import _vector_rfactor
 
 #: Accumulator vectors of ``out[d]`` kept in registers over the key loop (d = 128 in eight
@@ -95,15 +100,7 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
     if qk_roles is not None:
         _inline_operand(sch, qk_name, qk_roles.streamed)
     _inline_operand(sch, pv_name, pv_roles.streamed)
-    p_block = producer_of(sch, pv_roles.other.source)
-    p_stmt = sch.get(p_block)
-    if is_spatial(p_stmt) and not has_costly_call(p_stmt.body) and len(
-            sch.get_consumers(p_block)) == 1:
-        try:
-            sch.compute_inline(p_block)
-            chain.remove(p_stmt.name_hint)
-        except s_tir.ScheduleError:
-            pass
+    inline_probabilities(sch, pv_roles.other.source, chain)
     q_block = producer_of(sch, qk_roles.other.source) if qk_roles is not None else None
     q_name = None
     if q_block is not None and is_spatial(sch.get(q_block)) and len(

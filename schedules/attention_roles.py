@@ -12,7 +12,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from . import gemm
-from ._common import int_extent, is_spatial, root_blocks, uses
+from ._common import has_costly_call, int_extent, is_spatial, root_blocks, uses
 from .contraction import _operands
 
 
@@ -108,3 +108,19 @@ def p_chain(sch, p_buffer, first: str | None):
         stack.extend(sch.get_producers(blk))
     order = [sch.get(b).name_hint for b in root_blocks(sch)]
     return sorted(seen, key=order.index)
+
+
+def inline_probabilities(sch, p_buffer, chain: list[str]) -> None:
+    """Inline P's producer (``P = exp * (1 / sum)``, read once per key and output tile) into
+    P V where it is spatial, calls nothing costly and has no other consumer; its name leaves
+    ``chain``."""
+    p_block = producer_of(sch, p_buffer)
+    p_stmt = sch.get(p_block)
+    if not is_spatial(p_stmt) or has_costly_call(p_stmt.body) or len(
+            sch.get_consumers(p_block)) != 1:
+        return
+    try:
+        sch.compute_inline(p_block)
+        chain.remove(p_stmt.name_hint)
+    except s_tir.ScheduleError:
+        pass

@@ -66,3 +66,22 @@ class QuietLoad:
 
     def __exit__(self, *_exc) -> None:
         return None
+
+
+def kernels(mod) -> list[str]:
+    """The bindings of ``mod`` that call a kernel (call_tir), in program order."""
+    from tvm_costfuse import build_graph
+
+    return [n.name for n in build_graph(mod).nodes if n.kind == "call_tir"]
+
+
+def fused_kernel(mod, group: list[str]):
+    """The one PrimFunc FuseTIR makes of ``group`` (the rest of ``mod`` left unfused)."""
+    from tvm import relax, tirx
+
+    from tvm_costfuse.partition import ApplyPartition
+
+    fused = relax.transform.FuseTIR()(ApplyPartition([group])(mod))
+    (func,) = [f for gv, f in fused.functions.items()
+               if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused")]
+    return func

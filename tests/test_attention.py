@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from conftest import fused_kernel, kernels
 from tvm import relax, s_tir, tirx
 from tvm_costfuse.schedules import Attention, schedule_pass
 from tvm_costfuse.schedules.attention import _ROW_BUFFERS, MAX_KEYS, ROW_BLOCK_BYTES
@@ -40,17 +41,6 @@ def _numpy(inputs: dict, form: str) -> np.ndarray:
         sc = np.where(np.tril(np.ones(sc.shape[-2:], bool)), sc, -1e4)
     sc = np.exp(sc - sc.max(-1, keepdims=True))
     return (sc / sc.sum(-1, keepdims=True)) @ v
-
-
-def _everything(mod) -> list[str]:
-    return [n.name for n in build_graph(mod).nodes if n.kind == "call_tir"]
-
-
-def _fused(mod, group: list[str]) -> tirx.PrimFunc:
-    fused = relax.transform.FuseTIR()(ApplyPartition([group])(mod))
-    (func,) = [f for gv, f in fused.functions.items()
-               if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused")]
-    return func
 
 
 def _scheduled(func, target):
@@ -89,8 +79,8 @@ def _loops(func) -> list[tirx.For]:
 ])
 def test_fused_kernel_matches_the_unfused_program(shape, form) -> None:
     mod, inputs = _program(*shape, form)
-    group = _everything(mod)
-    assert _scheduled(_fused(mod, group), TARGET) is not None  # this host's rule applies
+    group = kernels(mod)
+    assert _scheduled(fused_kernel(mod, group), TARGET) is not None  # this host's rule applies
     fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
         TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
     unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
@@ -104,10 +94,10 @@ def test_fused_kernel_matches_the_unfused_program(shape, form) -> None:
 @pytest.mark.parametrize("form", ["masked", "causal"])
 def test_one_parallel_row_block_loop_with_local_buffers_and_vectors(target, form) -> None:
     mod, _ = _program(1, 12, 197, 64, form)
-    group = _everything(mod)
+    group = kernels(mod)
     assert group_features(build_graph(mod), group).schedule_on("cpu") == ScheduleClass.ATTENTION
     assert ScheduleClass.ATTENTION in Attention.classes
-    sch = _scheduled(_fused(mod, group), target)
+    sch = _scheduled(fused_kernel(mod, group), target)
     assert sch is not None
     func = sch.mod["main"]
     loops = _loops(func)
@@ -141,9 +131,9 @@ def test_long_key_rows_match_the_unfused_program(shape, form, rows) -> None:
     """Key rows longer than L1 holds (the rule declined them once): the row block's buffers
     sit in L2, the softmax still exact."""
     mod, inputs = _program(*shape, form, rows=rows)
-    group = _everything(mod)
+    group = kernels(mod)
     assert group_features(build_graph(mod), group).schedule_on("cpu") == ScheduleClass.ATTENTION
-    assert _scheduled(_fused(mod, group), TARGET) is not None
+    assert _scheduled(fused_kernel(mod, group), TARGET) is not None
     fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
         TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
     unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
@@ -160,7 +150,7 @@ def test_long_rows_keep_blocks_of_register_tiles_in_the_l2_share(target, tile_ro
     streamed once per block), its scores and exp buffers within ROW_BLOCK_BYTES."""
     heads, keys = 4, 4096
     mod, _ = _program(1, heads, keys, 64, "causal")
-    sch = _scheduled(_fused(mod, _everything(mod)), target)
+    sch = _scheduled(fused_kernel(mod, kernels(mod)), target)
     assert sch is not None
     func = sch.mod["main"]
     buffers = _compacted(func)
@@ -177,15 +167,15 @@ def test_long_rows_keep_blocks_of_register_tiles_in_the_l2_share(target, tile_ro
 def test_key_rows_past_the_limit_are_declined() -> None:
     for keys, applies in ((MAX_KEYS, True), (MAX_KEYS + 128, False)):
         mod, _ = _program(1, 1, keys, 16, "plain", rows=8)
-        group = _everything(mod)
+        group = kernels(mod)
         assert group_features(build_graph(mod), group).attention is applies
-        assert (_scheduled(_fused(mod, group), AVX512) is not None) is applies
+        assert (_scheduled(fused_kernel(mod, group), AVX512) is not None) is applies
 
 
 @pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
 def test_whole_row_blocks_join_the_parallel_loop(target) -> None:
     mod, _ = _program(1, 12, 128, 64, "masked")
-    sch = _scheduled(_fused(mod, _everything(mod)), target)
+    sch = _scheduled(fused_kernel(mod, kernels(mod)), target)
     assert sch is not None
     parallel = [lp for lp in _loops(sch.mod["main"]) if lp.kind == tirx.ForKind.PARALLEL]
     assert len(parallel) == 2 and int(parallel[-1].extent) % 12 == 0
@@ -194,10 +184,10 @@ def test_whole_row_blocks_join_the_parallel_loop(target) -> None:
 
 def test_rows_shorter_than_a_register_tile_and_the_cuda_class() -> None:
     mod, _ = _program(1, 1, 3, 8, "plain")
-    group = _everything(mod)
+    group = kernels(mod)
     f = group_features(build_graph(mod), group)
     assert f.schedule_on("cpu") == "attention" and f.schedule_on("cuda") == "fallback"
-    assert _scheduled(_fused(mod, group), AVX512) is not None
+    assert _scheduled(fused_kernel(mod, group), AVX512) is not None
 
 
 def test_softmax_over_the_rows_is_no_attention() -> None:
@@ -206,9 +196,9 @@ def test_softmax_over_the_rows_is_no_attention() -> None:
     queries against 16 keys: on square scores the graph alone cannot tell the axes apart,
     the rule still can)."""
     mod, _ = _program(1, 2, 16, 16, "plain", softmax_axis=-2, rows=8)
-    group = _everything(mod)
+    group = kernels(mod)
     assert not group_features(build_graph(mod), group).attention
-    assert _scheduled(_fused(mod, group), AVX2) is None
+    assert _scheduled(fused_kernel(mod, group), AVX2) is None
 
 
 def test_two_matmuls_without_a_softmax_are_no_attention() -> None:
@@ -221,19 +211,19 @@ def test_two_matmuls_without_a_softmax_are_no_attention() -> None:
             out = bb.emit_output(relax.op.matmul(y, w))
         bb.emit_func_output(out)
     mod = prepare(bb.get())
-    group = _everything(mod)
+    group = kernels(mod)
     assert not group_features(build_graph(mod), group).attention
-    assert _scheduled(_fused(mod, group), AVX512) is None
+    assert _scheduled(fused_kernel(mod, group), AVX512) is None
 
 
 def test_a_second_output_is_declined() -> None:
     """The probabilities read outside the group as well (``output_attentions``): the rule
     would have to store them, so it declines and the features do not call it attention."""
     mod, _ = _program(1, 2, 16, 16, "plain", probs_out=True)
-    group = _everything(mod)
+    group = kernels(mod)
     f = group_features(build_graph(mod), group)
     assert f.n_outputs == 2 and not f.attention
-    assert _scheduled(_fused(mod, group), AVX512) is None
+    assert _scheduled(fused_kernel(mod, group), AVX512) is None
 
 
 @pytest.mark.parametrize("name", ["attention", "bert_layer", "gpt2_block"])

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import relax, s_tir, tirx
+from conftest import fused_kernel, kernels
+from tvm import s_tir, tirx
 from tvm_costfuse.schedules import Attention, schedule_pass
 from tvm_costfuse.schedules.classes import ScheduleClass
 
@@ -62,23 +63,12 @@ def _numpy(inputs: dict, group: int, rotary_out: dict) -> np.ndarray:
     return (sc / sc.sum(-1, keepdims=True)) @ v
 
 
-def _everything(mod) -> list[str]:
-    return [n.name for n in build_graph(mod).nodes if n.kind == "call_tir"]
-
-
-def _fused(mod, group: list[str]) -> tirx.PrimFunc:
-    fused = relax.transform.FuseTIR()(ApplyPartition([group])(mod))
-    (func,) = [f for gv, f in fused.functions.items()
-               if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused")]
-    return func
-
-
 def _check(case: tuple) -> None:
     kv, group, past, d, rotary = case
     mod, inputs = _program(kv, group, past, d, rotary)
-    everything = _everything(mod)
+    everything = kernels(mod)
     with TARGET:
-        assert Attention().apply(_fused(mod, everything), TARGET, False) is not None
+        assert Attention().apply(fused_kernel(mod, everything), TARGET, False) is not None
     fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
         TARGET, ApplyPartition([everything]), schedule_pass(TARGET)))
     unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
@@ -104,7 +94,7 @@ def test_random_decode_steps_match_the_unfused_program(case) -> None:
 def test_without_rotary_matches_numpy() -> None:
     mod, inputs = _program(2, 3, 37, 24, rotary=False)
     fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
-        TARGET, ApplyPartition([_everything(mod)]), schedule_pass(TARGET)))
+        TARGET, ApplyPartition([kernels(mod)]), schedule_pass(TARGET)))
     want = _numpy(inputs, 3, {"q": inputs["q"].astype(np.float64), "k": inputs["k"]})
     np.testing.assert_allclose(run(fused, inputs)[0], want, rtol=1e-4, atol=1e-5)
 
@@ -112,10 +102,10 @@ def test_without_rotary_matches_numpy() -> None:
 @pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
 def test_one_parallel_loop_over_heads_reading_the_cache_in_place(target) -> None:
     mod, _ = _program(2, 6, 1024, 64)
-    group = _everything(mod)
+    group = kernels(mod)
     assert group_features(build_graph(mod), group).schedule_on("cpu") == ScheduleClass.ATTENTION
     with target:
-        sch = Attention().apply(_fused(mod, group), target, False)
+        sch = Attention().apply(fused_kernel(mod, group), target, False)
     assert sch is not None
     func = sch.mod["main"]
     loops = []
