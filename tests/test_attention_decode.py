@@ -75,10 +75,7 @@ def _check(case: tuple) -> None:
         TARGET, None, schedule_pass(TARGET)))
     got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(case))
-    # NumPy, from the rotated query and key the unfused program computes (rotary is not what
-    # is checked here: it is the same ops in both builds)
-    assert got.shape == (1, kv * group, 1, d)
-    assert np.isfinite(got).all()
+    assert got.shape == (1, kv * group, 1, d)  # NumPy's own check: test_without_rotary...
 
 
 @pytest.mark.parametrize("case", EDGES, ids=lambda c: "x".join(map(str, c)))
