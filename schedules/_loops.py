@@ -301,3 +301,12 @@ def schedule_rest(sch: s_tir.Schedule, target: Target, done: set[str]) -> None:
     for block in root_blocks(sch):
         if sch.get(block).name_hint not in done:
             schedule_root_block(sch, block, target)
+
+
+def vectorize_innermost(sch: s_tir.Schedule, *blocks: SBlockRV) -> None:
+    """The innermost loop of each of ``blocks`` vectorized where it is longer than one (an
+    accumulator's init and write-back)."""
+    for blk in blocks:
+        loops = sch.get_loops(blk)
+        if (int_extent(sch, loops[-1]) or 0) > 1:
+            sch.vectorize(loops[-1])

@@ -58,7 +58,14 @@ from ._common import (
     vector_registers,
     vector_tile,
 )
-from ._loops import PARTITION_HINT, SafeRule, schedule_rest, split_loops, vectorize_with_tail
+from ._loops import (
+    PARTITION_HINT,
+    SafeRule,
+    schedule_rest,
+    split_loops,
+    vectorize_innermost,
+    vectorize_with_tail,
+)
 from .attention_decode import schedule_one_row
 from .attention_roles import (
     einsum,
@@ -238,10 +245,7 @@ class Attention(SafeRule):
             sch.unroll(ii)
         sch.vectorize(ci)
         init = sch.decompose_reduction(pv, reduce_loops[0])
-        for blk in (init, writeback):
-            blk_loops = sch.get_loops(blk)
-            if (int_extent(sch, blk_loops[-1]) or 0) > 1:
-                sch.vectorize(blk_loops[-1])
+        vectorize_innermost(sch, init, writeback)
         done = {*names, pv_name, sch.get(init).name_hint, sch.get(writeback).name_hint}
         done |= {sch.get(b).name_hint for b in root_blocks(sch)
                  if sch.get(b).name_hint not in done and _under(sch, b, top)}

@@ -47,6 +47,7 @@ from ._loops import (
     loop_kinds,
     schedule_rest,
     split_loops,
+    vectorize_innermost,
     vectorize_with_tail,
 )
 from .attention_roles import (
@@ -170,10 +171,7 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
     elif (int_extent(sch, ci) or 0) > 1:
         sch.vectorize(ci)
     init = sch.decompose_reduction(pv, reduce_loops[0])
-    for blk in (init, writeback):
-        blk_loops = sch.get_loops(blk)
-        if (int_extent(sch, blk_loops[-1]) or 0) > 1:
-            sch.vectorize(blk_loops[-1])
+    vectorize_innermost(sch, init, writeback)
     # everything under the heads loop is this rule's; only an epilogue outside it is not
     done = {sch.get(b).name_hint for b in root_blocks(sch)
             if any(_same(sch, lp, par) for lp in sch.get_loops(b))}
