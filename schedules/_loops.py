@@ -310,3 +310,20 @@ def vectorize_innermost(sch: s_tir.Schedule, *blocks: SBlockRV) -> None:
         loops = sch.get_loops(blk)
         if (int_extent(sch, loops[-1]) or 0) > 1:
             sch.vectorize(loops[-1])
+
+
+def vectorize_row(sch, loop, lanes: int) -> None:
+    """Vectorize a row loop: whole vectors (a ragged row's last one peeled off), or the row
+    as one partial vector when it is shorter than that."""
+    ext = int_extent(sch, loop) or 0
+    if ext > lanes and ext % lanes:
+        vectorize_with_tail(sch, loop, lanes)
+    elif ext > lanes:
+        sch.vectorize(sch.split(loop, factors=[None, lanes])[1])
+    elif ext > 1:
+        sch.vectorize(loop)
+
+
+def under(sch, block, loop) -> bool:
+    """Whether ``loop`` is one of the loops ``block`` sits in."""
+    return any(sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(block))

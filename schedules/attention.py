@@ -63,8 +63,9 @@ from ._loops import (
     SafeRule,
     schedule_rest,
     split_loops,
+    under,
     vectorize_innermost,
-    vectorize_with_tail,
+    vectorize_row,
 )
 from .attention_decode import schedule_one_row
 from .attention_roles import (
@@ -73,6 +74,7 @@ from .attention_roles import (
     last_index,
     loops_below,
     p_chain,
+    reduce_extent,
     reduces_last_axis,
     same_vars,
 )
@@ -212,11 +214,7 @@ class Attention(SafeRule):
             for i in range(len(sch.get(blk).writes)):
                 sch.set_scope(blk, i, "local")
             sch.compute_at(blk, top, preserve_unit_loops=True)
-        d_qk = 1
-        if qk_name is not None:
-            k_ext = sch.get(sch.get_sblock(qk_name)).iter_vars
-            d_qk = math.prod(int(iv.dom.extent) for iv in k_ext
-                             if iv.iter_type == tirx.IterVar.CommReduce)
+        d_qk = reduce_extent(sch, qk_name) if qk_name is not None else 1
         for name in names:  # each block of the chain computes one row block only
             below = loops_below(sch, sch.get_sblock(name), top)
             if below is None:
@@ -238,7 +236,7 @@ class Attention(SafeRule):
             if is_spatial(sch.get(blk)):
                 below = loops_below(sch, blk, top)
                 if below:
-                    _vectorize_row(sch, list(below.values())[-1], lanes)
+                    vectorize_row(sch, list(below.values())[-1], lanes)
             else:
                 _interleaved_rows(sch, blk, top)
         if int_extent(sch, ii) > 1:
@@ -248,7 +246,7 @@ class Attention(SafeRule):
         vectorize_innermost(sch, init, writeback)
         done = {*names, pv_name, sch.get(init).name_hint, sch.get(writeback).name_hint}
         done |= {sch.get(b).name_hint for b in root_blocks(sch)
-                 if sch.get(b).name_hint not in done and _under(sch, b, top)}
+                 if sch.get(b).name_hint not in done and under(sch, b, top)}
         schedule_rest(sch, target, done)
         return sch
 
@@ -303,19 +301,3 @@ def _interleaved_rows(sch, block, top) -> None:
     if len(spatial) == 2:
         sch.vectorize(spatial[1])
     sch.decompose_reduction(block, reduce[0])
-
-
-def _vectorize_row(sch, loop, lanes: int) -> None:
-    """Vectorize a row loop: whole vectors (a ragged row's last one peeled off), or the row
-    as one partial vector when it is shorter than that."""
-    ext = int_extent(sch, loop) or 0
-    if ext > lanes and ext % lanes:
-        vectorize_with_tail(sch, loop, lanes)
-    elif ext > lanes:
-        sch.vectorize(sch.split(loop, factors=[None, lanes])[1])
-    elif ext > 1:
-        sch.vectorize(loop)
-
-
-def _under(sch, block, loop) -> bool:
-    return any(sch.get(lp).same_as(sch.get(loop)) for lp in sch.get_loops(block))

@@ -44,11 +44,11 @@ from ._common import (
 )
 from ._loops import (
     PARTITION_HINT,
-    loop_kinds,
     schedule_rest,
     split_loops,
+    under,
     vectorize_innermost,
-    vectorize_with_tail,
+    vectorize_row,
 )
 from .attention_roles import (
     einsum,
@@ -56,8 +56,9 @@ from .attention_roles import (
     loops_below,
     p_chain,
     producer_of,
+    reduce_extent,
 )
-from .reduction import _vector_rfactor
+from .reduction import _first_reduction_loop, _vector_rfactor
 
 #: Accumulator vectors of ``out[d]`` kept in registers over the key loop (d = 128 in eight
 #: AVX-512 vectors); a longer head dim is tiled.
@@ -139,7 +140,7 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
     partials = []
     for name in [*scores, *chain]:
         blk = sch.get_sblock(name)
-        if is_spatial(sch.get(blk)) or _reduce_extent(sch, name) % lanes:
+        if is_spatial(sch.get(blk)) or reduce_extent(sch, name) % lanes:
             continue
         rf = _vector_rfactor(sch, blk, target)
         if rf is not None:
@@ -157,7 +158,7 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
         if below is None:
             return None
         work = math.prod(int_extent(sch, lp) or 1 << 30 for lp in below.values())
-        if work > keys * max(cols, lanes) * max(1, _reduce_extent(sch, qk_name) if qk_name
+        if work > keys * max(cols, lanes) * max(1, reduce_extent(sch, qk_name) if qk_name
                                                 else 1):
             return None
     if heads >= 2 and heads * keys * cols >= MIN_PARALLEL_FMAS:
@@ -173,8 +174,7 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
     init = sch.decompose_reduction(pv, reduce_loops[0])
     vectorize_innermost(sch, init, writeback)
     # everything under the heads loop is this rule's; only an epilogue outside it is not
-    done = {sch.get(b).name_hint for b in root_blocks(sch)
-            if any(_same(sch, lp, par) for lp in sch.get_loops(b))}
+    done = {sch.get(b).name_hint for b in root_blocks(sch) if under(sch, b, par)}
     schedule_rest(sch, target, done)
     return sch
 
@@ -185,13 +185,6 @@ def _int_extent_of(extents: dict, var) -> int | None:
     return int(ext) if ext is not None and hasattr(ext, "value") else None
 
 
-def _reduce_extent(sch, name: str) -> int:
-    """The product of a block's constant reduction extents (1 for a spatial block)."""
-    stmt = sch.get(sch.get_sblock(name))
-    return math.prod(int(iv.dom.extent) for iv in stmt.iter_vars
-                     if iv.iter_type == iv.CommReduce and hasattr(iv.dom.extent, "value"))
-
-
 def _vectorize_inner(sch, block, top, lanes: int, partial: bool) -> None:
     """A block of the head's chain: a vector partial's lanes (the innermost loop) vectorized,
     its key loop partitioned at the concat's bound; a spatial row vectorized along the keys;
@@ -199,7 +192,6 @@ def _vectorize_inner(sch, block, top, lanes: int, partial: bool) -> None:
     below = loops_below(sch, block, top)
     if not below:
         return
-    loops = sch.get_loops(block)
     stmt = sch.get(block)
     if partial:
         lane_var = stmt.writes[0].region[-1].min
@@ -217,29 +209,6 @@ def _vectorize_inner(sch, block, top, lanes: int, partial: bool) -> None:
         sch.decompose_reduction(block, reduce[0])
         return
     if is_spatial(stmt):
-        last = loops[-1]
-        ext = int_extent(sch, last) or 0
-        if ext >= 2 * lanes and ext % lanes == 0:
-            sch.vectorize(sch.split(last, factors=[None, lanes])[1])
-        elif ext > lanes:
-            vectorize_with_tail(sch, last, lanes)
-        elif ext > 1:
-            sch.vectorize(last)
+        vectorize_row(sch, sch.get_loops(block)[-1], lanes)
         return
-    first = _first_reduce_loop(sch, block)
-    if first is not None:
-        sch.decompose_reduction(block, first)
-
-
-def _first_reduce_loop(sch, block):
-    kinds = loop_kinds(sch, block)
-    if kinds is None:
-        return None
-    for lp, kind in zip(sch.get_loops(block), kinds):
-        if kind == "R":
-            return lp
-    return None
-
-
-def _same(sch, a, b) -> bool:
-    return sch.get(a).same_as(sch.get(b))
+    sch.decompose_reduction(block, _first_reduction_loop(sch, block))

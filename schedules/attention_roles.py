@@ -1,10 +1,14 @@
-"""Block roles of a fused attention PrimFunc, for the attention rule (``attention.py``).
+"""Block roles of a fused attention PrimFunc, for the attention schedules (``attention.py``,
+``attention_decode.py``).
 
-Predicates read the schedule's IR; :func:`last_index` and nothing else changes it (a layout
-transform through the schedule, whose own checks raise instead of producing a wrong program).
+Predicates read the schedule's IR; :func:`last_index` (a layout transform) and
+:func:`inline_probabilities` (an inline) are the only ones that change it, both through the
+schedule, whose own checks raise instead of producing a wrong program.
 """
 
 from __future__ import annotations
+
+import math
 
 import tvm
 import tvm_ffi
@@ -124,3 +128,11 @@ def inline_probabilities(sch, p_buffer, chain: list[str]) -> None:
         chain.remove(p_stmt.name_hint)
     except s_tir.ScheduleError:
         pass
+
+
+def reduce_extent(sch, name: str) -> int:
+    """The product of block ``name``'s constant reduction extents (1 for a spatial block)."""
+    stmt = sch.get(sch.get_sblock(name))
+    return math.prod(int(iv.dom.extent) for iv in stmt.iter_vars
+                     if iv.iter_type == tirx.IterVar.CommReduce
+                     and isinstance(iv.dom.extent, tirx.IntImm))

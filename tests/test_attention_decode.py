@@ -53,9 +53,10 @@ def _draws(n: int, seed: int) -> list[tuple]:
             for _ in range(n)]
 
 
-def _numpy(inputs: dict, group: int, rotary_out: dict) -> np.ndarray:
-    q = rotary_out["q"]
-    k = np.concatenate([inputs["cache_k"], rotary_out["k"]], axis=2).astype(np.float64)
+def _numpy(inputs: dict, group: int) -> np.ndarray:
+    """The step without rotary (``rotary=False``): the new key and value appended."""
+    q = inputs["q"].astype(np.float64)
+    k = np.concatenate([inputs["cache_k"], inputs["k"]], axis=2).astype(np.float64)
     v = np.concatenate([inputs["cache_v"], inputs["v"]], axis=2).astype(np.float64)
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     sc = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1]) + inputs["mask"]
@@ -92,7 +93,7 @@ def test_without_rotary_matches_numpy() -> None:
     mod, inputs = _program(2, 3, 37, 24, rotary=False)
     fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
         TARGET, ApplyPartition([kernels(mod)]), schedule_pass(TARGET)))
-    want = _numpy(inputs, 3, {"q": inputs["q"].astype(np.float64), "k": inputs["k"]})
+    want = _numpy(inputs, 3)
     np.testing.assert_allclose(run(fused, inputs)[0], want, rtol=1e-4, atol=1e-5)
 
 
