@@ -85,3 +85,21 @@ def fused_kernel(mod, group: list[str]):
     (func,) = [f for gv, f in fused.functions.items()
                if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused")]
     return func
+
+
+def compacted(func) -> dict[str, tuple[str, list[int]]]:
+    """Name -> (scope, shape) of the buffers a scheduled function allocates, each cut to the
+    region one iteration of its loop nest uses (as lowering allocates them)."""
+    import tvm
+    import tvm_ffi
+    from tvm import s_tir
+
+    lower = s_tir.transform
+    mod = tvm.transform.Sequential([
+        lower.LowerInitBlock(), lower.PlanAndUpdateBufferAllocationLocation(),
+        lower.ConvertBlocksToOpaque(), lower.CompactBufferAllocation()])(
+            tvm.IRModule({"main": func}))
+    found = {}
+    tvm_ffi.structural_walk(mod["main"].body, (s_tir.SBlock, lambda b: found.update(
+        {buf.name: (buf.scope(), [int(x) for x in buf.shape]) for buf in b.alloc_buffers})))
+    return found

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from conftest import fused_kernel, kernels
+from conftest import compacted, fused_kernel, kernels
 from tvm import relax, s_tir, tirx
 from tvm_costfuse.schedules import Attention, schedule_pass
 from tvm_costfuse.schedules.attention import _ROW_BUFFERS, MAX_KEYS, ROW_BLOCK_BYTES
@@ -46,20 +46,6 @@ def _numpy(inputs: dict, form: str) -> np.ndarray:
 def _scheduled(func, target):
     with target:
         return Attention().apply(func, target, False)
-
-
-def _compacted(func) -> dict[str, tuple[str, list[int]]]:
-    """Name -> (scope, shape) of the buffers a scheduled function allocates, each cut to the
-    region one iteration of its loop nest uses (as lowering allocates them)."""
-    lower = s_tir.transform
-    mod = tvm.transform.Sequential([
-        lower.LowerInitBlock(), lower.PlanAndUpdateBufferAllocationLocation(),
-        lower.ConvertBlocksToOpaque(), lower.CompactBufferAllocation()])(
-            tvm.IRModule({"main": func}))
-    found = {}
-    tvm_ffi.structural_walk(mod["main"].body, (s_tir.SBlock, lambda b: found.update(
-        {buf.name: (buf.scope(), [int(x) for x in buf.shape]) for buf in b.alloc_buffers})))
-    return found
 
 
 def _loops(func) -> list[tirx.For]:
@@ -153,7 +139,7 @@ def test_long_rows_keep_blocks_of_register_tiles_in_the_l2_share(target, tile_ro
     sch = _scheduled(fused_kernel(mod, kernels(mod)), target)
     assert sch is not None
     func = sch.mod["main"]
-    buffers = _compacted(func)
+    buffers = compacted(func)
     row_block = {n: shape for n, (scope, shape) in buffers.items()
                  if scope == "local" and shape[-1] == keys}
     assert {"matmul_intermediate_local", "T_softmax_exp_local"} <= set(row_block)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from conftest import fused_kernel, kernels
-from tvm import s_tir, tirx
+from conftest import compacted, fused_kernel, kernels
+from tvm import tirx
 from tvm_costfuse.schedules import Attention, schedule_pass
 from tvm_costfuse.schedules.classes import ScheduleClass
 
@@ -114,14 +114,7 @@ def test_one_parallel_loop_over_heads_reading_the_cache_in_place(target) -> None
     assert lanes in {int(lp.extent) for lp in loops if lp.kind == tirx.ForKind.VECTORIZED}
     # no copy of the cache: each buffer, cut to what one iteration of its nest uses (as
     # lowering allocates it), holds at most one head's key row of partial sums
-    lower = s_tir.transform
-    compact = tvm.transform.Sequential([
-        lower.LowerInitBlock(), lower.PlanAndUpdateBufferAllocationLocation(),
-        lower.ConvertBlocksToOpaque(), lower.CompactBufferAllocation()])(
-            tvm.IRModule({"main": func}))
-    sizes = {}
-    tvm_ffi.structural_walk(compact["main"].body, (s_tir.SBlock, lambda b: sizes.update(
-        {buf.name: math.prod(int(x) for x in buf.shape) for buf in b.alloc_buffers})))
+    sizes = {name: math.prod(shape) for name, (_, shape) in compacted(func).items()}
     assert sizes and max(sizes.values()) <= 1025 * lanes, sizes
 
 
