@@ -264,10 +264,16 @@ def tile_and_parallelize(sch: s_tir.Schedule, order: list, reduce_loops: list, i
 class SafeRule(CPUScheduleRule):
     """Runs ``_apply`` on a fresh schedule; any error means "does not apply" (returns None).
 
-    ``classes``: the schedule classes this rule's kernels are priced as (``classes.py``).
+    ``cards``: the kernel kinds this rule builds (``card.py``), ``classes`` their schedule
+    classes.
     """
 
+    cards: tuple = ()
     classes: tuple[ScheduleClass, ...] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.classes = tuple(card.cls for card in cls.cards)
 
     def apply(self, func, target: Target, tunable: bool):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):

@@ -19,7 +19,7 @@ register tiles fit L2 up to long rows (16 rows of 4096 keys: 768 KiB). K^T is st
 per row block (its panel reused from L1 across the block's register tiles), V once per
 register tile, so the rows per block, not which cache holds the buffers, decide a long row's
 speed: at 4096 keys 1-row blocks ran 2.0-2.1x slower than the split kernels, 16-row blocks
-1.2-1.3x faster (docs/benchmarks.md, "Fused attention for long key rows"). Key rows longer
+1.2-1.3x faster (docs/log/2026-12-01b.md, "Fused attention for long key rows"). Key rows longer
 than :data:`MAX_KEYS` (where :data:`_MIN_ROWS` rows no longer fit) are declined, and the
 features (``cost/extract.py``) do not call such a group attention either. A causal mask is
 applied as the corpus spells it (a ``where`` or an added mask tensor); masked blocks are
@@ -78,9 +78,10 @@ from .attention_roles import (
     reduces_last_axis,
     same_vars,
 )
+from .card import Card
 from .classes import ScheduleClass
-from .contraction import _operands
-from .reduction import _vector_rfactor, reciprocal_divisions
+from .contraction import contraction_operands
+from .reduction import REDUCTION_CARD, _vector_rfactor, reciprocal_divisions
 
 #: The row block's buffers: 1 MiB, the L2 of Skylake-SP and Zen 4 cores (newer Intel cores
 #: have 2 MiB; on Haswell's 256 KiB they come from L3, still fewer bytes than re-reading K^T
@@ -103,10 +104,44 @@ MAX_KEYS = ROW_BLOCK_BYTES // (_ROW_BUFFERS * 4 * _MIN_ROWS) // 128 * 128  # 217
 _MAX_SUBTILES = 4
 
 
+def _claims_attention(f, kind: str) -> bool:
+    """CPU: a softmax over the keys feeding P V, the scores computed in the group or read, one
+    output (``cost/extract._is_attention`` reads it off the graph). dlight has no such rule."""
+    return kind == "cpu" and f.attention
+
+
+# The share of peak its two contractions reach inside the fused kernel; the softmax between
+# them at the row-reduction rate, its exp as math. Measured against the split kernels ([K^T]
+# [Q K^T, scale, mask] [softmax] [P V], our schedules) on the 2-core emeraldrapids host under
+# another worker's load (rough), 1 and 2 threads: split / fused 1.02-1.09 on BERT's 12 x 128 x
+# 64 heads (masked, causal) and ViT's 12 x 197 x 64, 1.19-1.29 on the small variants' 2 x 16 x
+# 16; 0.55 prices them at 1.03-1.04 and 1.29-1.44 (docs/log/2026-12-01b.md, "attention kernel").
+# Long key rows (1280-16384 keys, the row block in a share of L2) keep that share: the fused
+# kernel's measured / predicted time there, 0.69-1.37 by form at 1280-4096 keys (1.95 at 16384
+# causal), spans the 0.74-0.98 of 128-197 keys, while the split kernels' is 1.07-1.74 (2.35):
+# the error is on the split side (docs/log/2026-12-01b.md, "Fused attention for long key rows").
+# One query row per head (a decode step; ``attention_decode.py``) is priced at the same share,
+# which it does not reach: per layer at 1 thread it ran 6.2-7.6x slower than this compute term
+# on qwen2 (128 and 1024 past) and falcon, 8-9x with memory on opt and gpt2 (znver4,
+# ``scripts/research/kernel_profile.py``; docs/log/2026-12-03.md, "Decode steps"). Its alternative
+# is priced further off: FuseOps' transposing copy of the keys (concat, rotary, GQA repeat,
+# transpose: a gather per element) at 26x under its measured time, the value copy at 5x.
+# Priced at its measured share (0.075), the fused kernel loses to that copy on paper and the
+# planner keeps FuseOps' kernels, 1.45-1.88x slower as measured; so both stay as they are
+# until transposing copies are priced per gather. Two parallel nests: the row-block loop and
+# the K^T packing pass the imported programs have (a transpose in the group or a copy).
+ATTENTION_CARD = Card(
+    ScheduleClass.ATTENTION, "Attention", _claims_attention,
+    efficiency={"cpu": REDUCTION_CARD.efficiency["cpu"]}, contraction_efficiency={"cpu": 0.55},
+    register_tile=True, recomputes=False, nests=lambda f: 2,
+    # the imported per-head batch matmuls sit behind reshape views: no smaller merge reaches it
+    through_views=frozenset({"cpu"}))
+
+
 class Attention(SafeRule):
     """Fused attention (module docstring): one parallel loop over batch x row blocks."""
 
-    classes = (ScheduleClass.ATTENTION,)
+    cards = (ATTENTION_CARD,)
 
     def _apply(self, sch, target):
         sch = s_tir.Schedule(reciprocal_divisions(simplify_indices(sch.mod["main"])))
@@ -120,7 +155,7 @@ class Attention(SafeRule):
         inline_spatial(sch, protect=set(einsums))
         pv = sch.get_sblock(pv_name)
         stmt = sch.get(pv)
-        store, _, _ = _operands(stmt)
+        store, _, _ = contraction_operands(stmt)
         roles = einsum(stmt)
         if roles.row is None:  # one query row per head: a decode step
             return schedule_one_row(sch, qk_name, pv_name, target)

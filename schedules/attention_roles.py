@@ -17,14 +17,14 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from . import gemm
 from ._common import has_costly_call, int_extent, is_spatial, root_blocks, uses
-from .contraction import _operands
+from .contraction import contraction_operands
 
 
 def einsum(block: s_tir.SBlock):
     """(store, row operand, streamed operand, gemm roles) of an einsum-form contraction."""
     if is_spatial(block):
         return None
-    ops = _operands(block)
+    ops = contraction_operands(block)
     roles = gemm.analyze(block, *ops) if ops else None
     return None if roles is None else roles
 

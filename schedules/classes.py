@@ -1,9 +1,10 @@
-"""Schedule classes: which kind of schedule a fused group's kernel gets, as one type.
+"""Schedule classes: the names of the kernel kinds, as one type.
 
-The CPU rules (``schedules/cpu.py``) and dlight's GPU rules each produce one of these; the
-features say which one a group lands in (``GroupFeatures.schedule_on``), and both cost models
-price a group by its class (``cost/analytical.py`` efficiency and register tables, the learned
-model's one-hot inputs). A new schedule rule adds its class here, then to those tables.
+Each final class is one card's (``card.py``, beside its rule; ``catalog.py`` lists them): the
+card that claims a group names its class (``GroupFeatures.schedule_on``), the learned model
+reads the class as a one-hot input (:data:`FINAL`'s order), and the analytical model the
+card's numbers. A new kernel kind adds its class here (at the end of :data:`FINAL`: stored
+models read the one-hot by position) and its card beside its rule.
 """
 
 from __future__ import annotations
@@ -32,6 +33,6 @@ class ScheduleClass(enum.StrEnum):
     FALLBACK = "fallback"
 
 
-#: The classes a kernel finally gets (``schedule_on``): what the cost models are tabled by.
+#: The classes a kernel finally gets (``schedule_on``), in the learned model's one-hot order.
 FINAL = (ScheduleClass.CONTRACTION, ScheduleClass.CONTRACTION_STREAM, ScheduleClass.REDUCTION,
          ScheduleClass.ELEMENTWISE, ScheduleClass.FALLBACK, ScheduleClass.ATTENTION)

@@ -22,7 +22,8 @@ from ._common import (
     vector_tile,
 )
 from ._loops import SafeRule, schedule_rest, split_loops, tile_and_parallelize
-from .classes import ScheduleClass
+from .card import Card
+from .classes import ScheduleClass as SC
 from .prepack import pack_streamed_operand
 from .reduction import reciprocal_divisions
 
@@ -55,7 +56,7 @@ def _uses(exprs, var: tirx.Var) -> bool:
     return any(v.same_as(var) for v in found)
 
 
-def _operands(block: s_tir.SBlock):
+def contraction_operands(block: s_tir.SBlock):
     """``(C, A, B)`` of ``C[..] = C[..] + A[..] * B[..]`` (loads under an optional Cast)."""
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
@@ -75,7 +76,7 @@ def _operands(block: s_tir.SBlock):
 
 def _analyze_contraction(block: s_tir.SBlock) -> _ContractionShape | None:
     """Match ``C[v...] = C[v...] + A[..] * B[..]`` with ``v`` plain spatial block vars."""
-    operands = _operands(block)
+    operands = contraction_operands(block)
     if operands is None:
         return None
     store, lhs, rhs = operands
@@ -116,6 +117,58 @@ def _analyze_contraction(block: s_tir.SBlock) -> _ContractionShape | None:
                              streamed.source if streamed.indices[-1].same_as(vec) else None)
 
 
+def _claims_contraction(f, kind: str) -> bool:
+    """One contraction and an elementwise epilogue, on any target. On CUDA also with
+    data-movement producers (dlight's Matmul rule inlines a transpose, reshape or split into its
+    operand loads) and reshaping epilogues (it keeps its tiled kernel: ptxas gave gpt2_block's
+    projection matmul 64 registers and 6912 B of shared memory with and without its
+    head-merging transpose prologue), but not with computing producers (re-evaluated per
+    operand load; unmeasured on CUDA) nor a split epilogue (several elements of one tuple read
+    after it: TVM 0.27 fails to lower it, "matmul_intermediate_reindex is used before its
+    definition")."""
+    form = f.schedule
+    if form == SC.CONTRACTION:
+        return True
+    return (kind == "cuda" and form in (SC.CONTRACTION_PROLOGUE, SC.CONTRACTION_RESHAPE)
+            and not f.tuple_items and not f.prologue_compute)
+
+
+def _claims_stream(f, kind: str) -> bool:
+    """CPU: one contraction with producers, which stay one streamed packing pass (a conv's
+    pad absorbs a BN + ReLU prologue; measured fused/unfused 0.78-1.03 per kernel). Not with a
+    data-movement epilogue as well: per kernel it measured neutral, but inside bert_layer each
+    of its three head-split/merge groups made the model slower (0.4, 1.1 and 2.2 ms of 22.5;
+    docs/log/2026-11-29a.md). Not with a split epilogue: the rule declines a contraction with
+    several consumers (measured 54x slower: gpt2_block's Q/K/V projection)."""
+    return (kind == "cpu" and f.schedule == SC.CONTRACTION_PROLOGUE and not f.reshaping_ops
+            and not f.tuple_items)
+
+
+# CPU: the register-blocked micro-kernel (``gemm.py``) reached 0.49-0.63 of the FMA-chain peak
+# (geomean over the 8 kernels of ``scripts/bench_kernels.py``, two runs, docs/log/2026-12-01a.md;
+# Linears 0.6-0.8, attention's short-K batch matmuls 0.2-0.6). A contraction with a known block
+# geometry (``Node.geometry``) is priced at the share its rule's own tile reaches
+# (``efficiency.py``: 0.19-0.93 measured, by shape); 0.55 prices the rest (stored rows from
+# before the geometry, symbolic shapes) and the epilogue computed in its tile. CUDA: dlight's
+# SIMT matmul tiles reach about half of FP32 peak and use 64 registers (ptxas).
+CONTRACTION_CARD = Card(
+    SC.CONTRACTION, "Contraction", _claims_contraction,
+    efficiency={"cpu": 0.55, "cuda": 0.50}, contraction_efficiency={"cpu": 0.55, "cuda": 0.50},
+    tiles_by_geometry=True, register_tile=True, cuda_registers=64,
+    # every Linear of a 3-D input as the PyTorch importer emits it (matmul, bias, reshape,
+    # GELU) has its epilogue behind a unit reshape (docs/log/2026-12-01b.md, "Epilogues through
+    # unit reshapes"); on CUDA walking views into contractions changed bert's and gpt2's
+    # head-split groups (unmeasured: not taken)
+    through_views=frozenset({"cpu"}))
+# The streamed producers run as an elementwise pass (0.05 of peak, as the fallback's loops)
+# whose output reaches memory, in a second parallel nest.
+STREAM_CARD = Card(
+    SC.CONTRACTION_STREAM, "Contraction", _claims_stream,
+    efficiency={"cpu": 0.55}, contraction_efficiency={"cpu": 0.55},
+    prologue_efficiency={"cpu": 0.05}, tiles_by_geometry=True, register_tile=True,
+    materializes=True, recomputes=False, nests=lambda f: 2)
+
+
 class Contraction(SafeRule):
     """Matmul, batch matmul, conv2d (incl. 1x1, depthwise) with spatial producers/epilogue.
 
@@ -133,7 +186,7 @@ class Contraction(SafeRule):
     streamed, parallel, vectorized pass (a transpose so becomes a packing step).
     """
 
-    classes = (ScheduleClass.CONTRACTION, ScheduleClass.CONTRACTION_STREAM)
+    cards = (CONTRACTION_CARD, STREAM_CARD)
 
     def _apply(self, sch, target):
         # An inference batch norm divides every output by its channel's sqrt(var + eps): one
@@ -146,7 +199,7 @@ class Contraction(SafeRule):
         if len(reductions) != 1:
             return None
         name = sch.get(reductions[0]).name_hint
-        operands = _operands(sch.get(reductions[0]))
+        operands = contraction_operands(sch.get(reductions[0]))
         einsum = gemm.analyze(sch.get(reductions[0]), *operands) if operands else None
         window = conv.analyze(sch.get(reductions[0]), *operands) if operands else None
         dw = depthwise.analyze(sch.get(reductions[0]), *operands) if operands else None

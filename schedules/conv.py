@@ -35,7 +35,7 @@ from tvm import s_tir, tirx
 from ._common import inline_epilogue, largest_divisor, vector_lanes, vector_registers
 from ._loops import schedule_rest, split_loops, tile_and_parallelize
 from .conv_shape import ConvShape, analyze
-from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _VECTOR_COUNTS, accumulator_budget
+from .gemm_tile import FMA_LATENCY, LOADS_PER_CYCLE, VECTOR_COUNTS, accumulator_budget
 from .prepack import layout_free, pack_leading_operand
 
 __all__ = ["ConvShape", "ConvTile", "analyze", "choose_conv_tile", "schedule"]
@@ -88,7 +88,7 @@ def choose_conv_tile(channels: int, per_group: int, height: int, width: int, lan
     budget = accumulator_budget(registers)
     for counted in (window, None):
         best, best_key = None, None
-        for vectors in _VECTOR_COUNTS if lane_fill == lanes else (1,):
+        for vectors in VECTOR_COUNTS if lane_fill == lanes else (1,):
             if per_group % (vectors * lane_fill):
                 continue
             for tw in range(1, min(width, budget // vectors) + 1):
@@ -97,14 +97,14 @@ def choose_conv_tile(channels: int, per_group: int, height: int, width: int, lan
                     if fmas > budget or fmas + _operand_registers(
                             th, tw, vectors, counted) > registers:
                         continue
-                    step = max(fmas / 2, (th * tw + vectors) / _LOADS_PER_CYCLE, _FMA_LATENCY)
+                    step = max(fmas / 2, (th * tw + vectors) / LOADS_PER_CYCLE, FMA_LATENCY)
                     tiles = (channels // (vectors * lane_fill)) * (height // th) \
                         * -(-width // tw)
                     key = (tiles * step, width % tw != 0, -fmas, -vectors)
                     if best_key is None or key < best_key:
                         best, best_key = ConvTile(th, tw, vectors, lane_fill), key
         if best is not None and (counted is None or best.height * best.width * best.vectors
-                                 >= 2 * _FMA_LATENCY):
+                                 >= 2 * FMA_LATENCY):
             return best  # a tile too small to hide the FMA latency: reloads cost less
     return best
 

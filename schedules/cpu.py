@@ -37,11 +37,37 @@ from ._common import (
 )
 from ._loops import SafeRule, schedule_rest
 from .attention import Attention
+from .card import Card
 from .classes import ScheduleClass
 from .contraction import Contraction
 from .reduction import RowReduction
 
-__all__ = ["Attention", "Contraction", "Fallback", "RowReduction", "first_rule", "rules"]
+__all__ = ["Attention", "Contraction", "Fallback", "RowReduction", "rules"]
+
+
+def _claims_elementwise(f, kind: str) -> bool:
+    """Elementwise and injective chains: no contraction, no reduction."""
+    return f.schedule == ScheduleClass.ELEMENTWISE
+
+
+def _fallback_nests(f) -> int:
+    """One parallel nest per contraction and reduction, one more for the spatial rest."""
+    heavy = f.n_contractions + f.n_reductions
+    return max(1, heavy + (1 if f.n_ops > heavy else 0))
+
+
+# Loops bound by memory: their compute runs at vector rate, transcendental calls (erf, exp ~20
+# instructions each) priced apart (``cost/analytical.py``). CUDA: memory bound, ptxas gives
+# elementwise chains 12-18 registers.
+ELEMENTWISE_CARD = Card(ScheduleClass.ELEMENTWISE, "Fallback", _claims_elementwise,
+                        efficiency={"cpu": 0.05, "cuda": 0.10}, cuda_registers=10)
+# Everything else: intermediates materialize; a contraction runs as a naive loop nest, 0.7-1.9
+# GFLOP/s measured on CPU (TVM_NOTES), on CUDA one thread per output element without tiling
+# (~2% of peak).
+FALLBACK_CARD = Card(ScheduleClass.FALLBACK, "Fallback", lambda f, kind: True,
+                     efficiency={"cpu": 0.05, "cuda": 0.10}, contraction_flops={"cpu": 1.0e9},
+                     contraction_efficiency={"cuda": 0.02}, cuda_registers=24,
+                     materializes=True, nests=_fallback_nests)
 
 
 class Fallback(SafeRule):
@@ -51,7 +77,7 @@ class Fallback(SafeRule):
     keeps its reductions and contractions as plain loop nests (``fallback``).
     """
 
-    classes = (ScheduleClass.ELEMENTWISE, ScheduleClass.FALLBACK)
+    cards = (ELEMENTWISE_CARD, FALLBACK_CARD)
 
     def apply(self, func, target: Target, tunable: bool):
         sch = super().apply(func, target, tunable)
@@ -76,15 +102,3 @@ class Fallback(SafeRule):
 def rules() -> list[dl.ScheduleRule]:
     """The CPU rules in policy order: most specific first, the always-applying one last."""
     return [Contraction(), Attention(), RowReduction(), Fallback()]
-
-
-def first_rule(func: tirx.PrimFunc, target: Target
-               ) -> tuple[dl.ScheduleRule | None, s_tir.Schedule | None]:
-    """The rule ``ApplyDefaultSchedule(*rules())`` schedules ``func`` with, and its schedule
-    ((None, None) when none applies): what the cost model's predicted class is checked
-    against (``GroupFeatures.schedule_on`` must be one of the rule's ``classes``)."""
-    for rule in rules():
-        sch = rule.apply(func, target, False)
-        if sch is not None:
-            return rule, sch
-    return None, None

@@ -46,7 +46,8 @@ from ._common import (
 )
 from ._loops import parallelize, schedule_rest, split_loops
 from .conv_shape import _coefficient
-from .gemm import _try, accumulator_budget
+from .gemm import _try
+from .gemm_tile import accumulator_budget
 
 __all__ = ["DepthwiseShape", "DepthwiseTile", "analyze", "choose_depthwise_tile", "schedule"]
 

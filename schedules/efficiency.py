@@ -21,11 +21,11 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
 A depthwise convolution (``depthwise.py``) has no tile search: its share is
 ``K / (K + K0) * E_DEPTHWISE[stride]``, its time the loads of each tap and, at stride 2, the
 scalar deinterleaving copy (the geomean over the corpus's 44 depthwise shapes of
-``scripts/research/depthwise_bench.py``, docs/benchmarks.md: stride 1 0.44, stride 2 0.14, 3x3
+``scripts/research/depthwise_bench.py``, docs/log/2026-12-01b.md: stride 1 0.44, stride 2 0.14, 3x3
 and 5x5 within 1.4x of it).
 
 Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
-docs/benchmarks.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
+docs/log/2026-12-01a.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
 ``scripts/research/fit_efficiency.py``; the GEMM kernel's ``K0_GEMM`` and ``E_PATH["gemm"]``
 re-fitted with 8 pointwise convolutions of mobilenet_v2 added, ``--gemm-only``). What a
 contraction's block looks like is read once per PrimFunc (:func:`describe`,
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -44,10 +45,10 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from . import columns, conv_shape, depthwise, gemm
 from ._common import is_spatial, root_blocks
 from .conv import choose_conv_tile
-from .gemm import _FMA_LATENCY, _LOADS_PER_CYCLE, _tile_cycles, pick_tile
+from .gemm_tile import FMA_LATENCY, LOADS_PER_CYCLE, pick_tile, tile_cycles
 from .prepack import layout_free
 
-__all__ = ["describe", "fraction_of_peak"]
+__all__ = ["ConvGeometry", "GemmGeometry", "Geometry", "describe", "fraction_of_peak"]
 
 # Reduction steps' worth of work per tile outside the reduction loop (fitted; see module doc).
 K0 = 28.0
@@ -61,11 +62,54 @@ E_PATH = {"gemm": 0.72, "conv": 0.80, "tiled": 0.43}
 # K^T and V, any batch matmul of two activations): read in its own layout, never packed into
 # panels (``prepack.py`` packs constants only). The measured / modeled share of the corpus'
 # per-head matmuls at 1 and 2 threads (rocketlake, ``bench_kernels.py --peak``,
-# docs/benchmarks.md): ViT's Q K^T 0.71 / 0.74, its P V 0.76 / 0.85, BERT's Q K^T 0.82 / 0.84,
+# docs/log/2026-12-01b.md): ViT's Q K^T 0.71 / 0.74, its P V 0.76 / 0.85, BERT's Q K^T 0.82 / 0.84,
 # against 1.00-1.06 for the weight GEMMs of the same table; their geomean.
 E_ACTIVATION = 0.78
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
 E_DEPTHWISE = {1: 0.44, 2: 0.14}
+
+
+class GemmGeometry(NamedTuple):
+    """A block the GEMM micro-kernel takes: ``m x n`` outputs, whether the streamed operand is
+    a constant weight (packed at compile time), and the extent of the axis that may merge into
+    the columns (``columns.py``; None: none, and in rows recorded before it)."""
+
+    m: int
+    n: int
+    weight: bool
+    height: int | None = None
+
+
+class ConvGeometry(NamedTuple):
+    """A block the direct convolution kernel takes (``conv_shape.analyze``)."""
+
+    channels: int
+    per_group: int
+    height: int
+    width: int
+    taps: int
+    stride: int
+    dilation: int
+
+
+class Geometry(NamedTuple):
+    """What the contraction rule's paths see of a block (:func:`describe`). A tuple, so that
+    it is hashable and stored in JSON rows as a list; :meth:`of` reads one back."""
+
+    k: int  # reduction steps per output
+    gemm: GemmGeometry | None
+    conv: ConvGeometry | None
+    tiled: int  # the vectorized extent of the general tiling
+    depthwise: int | None = None  # the stride of a depthwise convolution (recorded since)
+
+    @classmethod
+    def of(cls, value) -> Geometry | None:
+        """A geometry from its stored form (nested lists or tuples), None from None."""
+        if value is None:
+            return None
+        k, gemm_geom, conv_geom, tiled, *rest = value
+        return cls(k, GemmGeometry(*gemm_geom) if gemm_geom else None,
+                   ConvGeometry(*conv_geom) if conv_geom else None, tiled, *rest)
 
 
 def _extent(iv) -> int | None:
@@ -73,13 +117,8 @@ def _extent(iv) -> int | None:
     return int(e) if isinstance(e, tirx.IntImm) else None
 
 
-def describe(func: tirx.PrimFunc) -> tuple | None:
-    """The contraction geometry of a single-contraction PrimFunc, JSON-ready:
-    ``(k, gemm, conv, tiled, depthwise)`` where ``gemm`` is ``(m, n, weight_is_param,
-    height)`` or None (``height``: the axis that may merge into the columns, ``columns.py``),
-    ``conv`` ``(channels, per_group, height, width, taps, stride, dilation)`` or None,
-    ``tiled`` the vectorized extent of the general tiling and ``depthwise`` the stride of a
-    depthwise convolution ``depthwise.py`` takes, or None. None where the function has no
+def describe(func: tirx.PrimFunc) -> Geometry | None:
+    """The :class:`Geometry` of a single-contraction PrimFunc; None where the function has no
     such block or a symbolic extent."""
     try:
         sch = s_tir.Schedule(func)
@@ -91,9 +130,9 @@ def describe(func: tirx.PrimFunc) -> tuple | None:
     if len(reductions) != 1:
         return None
     block = sch.get(reductions[0])
-    from .contraction import _operands  # the rule's own matcher (contraction imports gemm)
+    from .contraction import contraction_operands  # the rule's matcher (it imports gemm)
 
-    operands = _operands(block)
+    operands = contraction_operands(block)
     if operands is None:
         return None
     extents = {iv.var: _extent(iv) for iv in block.iter_vars}
@@ -109,37 +148,38 @@ def describe(func: tirx.PrimFunc) -> tuple | None:
     if einsum is not None:
         m = extents[einsum.row] if einsum.row is not None else 1
         weight = any(p.same_as(einsum.streamed.source) for p in layout_free(sch))
-        gemm_geom = (m, extents[einsum.col], weight, columns.mergeable(block, store, einsum))
+        gemm_geom = GemmGeometry(m, extents[einsum.col], weight,
+                                 columns.mergeable(block, store, einsum))
     shape = conv_shape.analyze(block, *operands)
     conv_geom = None
     if shape is not None:
         height = extents[shape.height] if shape.height is not None else 1
-        conv_geom = (extents[shape.channel], shape.per_group, height, extents[shape.width],
-                     *shape.window)
+        conv_geom = ConvGeometry(extents[shape.channel], shape.per_group, height,
+                                 extents[shape.width], *shape.window)
     dw = depthwise.analyze(block, *operands)
     dw_stride = max(dw.rows[1], dw.cols[1]) if dw is not None else None
-    return (k, gemm_geom, conv_geom, tiled, dw_stride)
+    return Geometry(k, gemm_geom, conv_geom, tiled, dw_stride)
 
 
-def _gemm_share(geometry: tuple, lanes: int, registers: int) -> float | None:
-    m, n, weight, *rest = geometry  # recorded before the merged columns: 3 elements
-    if n < lanes:
+def _gemm_share(g: GemmGeometry, lanes: int, registers: int) -> float | None:
+    if g.n < lanes:
         return None  # the rule keeps the general tiling for rows narrower than a vector
-    tile, cols = pick_tile(m, n, lanes, registers, weight, rest[0] if rest else None)
+    m = g.m
+    tile, cols = pick_tile(m, g.n, lanes, registers, g.weight, g.height)
     if tile is None:
         return None
-    return (m * cols / lanes / 2) / _tile_cycles(tile, m, cols)
+    return (m * cols / lanes / 2) / tile_cycles(tile, m, cols)
 
 
-def _conv_share(channels, per_group, height, width, taps, stride, dilation, lanes,
-                registers) -> float | None:
-    tile = choose_conv_tile(channels, per_group, height, width, lanes, registers,
-                            (taps, stride, dilation))
+def _conv_share(g: ConvGeometry, lanes: int, registers: int) -> float | None:
+    channels, height, width = g.channels, g.height, g.width
+    tile = choose_conv_tile(channels, g.per_group, height, width, lanes, registers,
+                            (g.taps, g.stride, g.dilation))
     if tile is None:
         return None
     fmas = tile.height * tile.width * tile.vectors
-    step = max(fmas / 2, (tile.height * tile.width + tile.vectors) / _LOADS_PER_CYCLE,
-               _FMA_LATENCY)
+    step = max(fmas / 2, (tile.height * tile.width + tile.vectors) / LOADS_PER_CYCLE,
+               FMA_LATENCY)
     tiles = (channels // (tile.vectors * tile.lanes)) * (height // tile.height) \
         * -(-width // tile.width)
     return (channels * height * width / lanes / 2) / (tiles * step)
@@ -155,19 +195,19 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     """(path, share of the FMA peak) of the kernel the CPU contraction rule builds for a block
     of this :func:`describe` geometry on a target with ``lanes`` float lanes and ``registers``
     vector registers. The path is the one the rule tries first that fits: the micro-kernel,
-    the direct convolution, the depthwise kernel, else the general tiling. (Geometries
-    recorded before the depthwise element have four.)"""
-    k, gemm_geom, conv_geom, tiled, *rest = geometry
-    dw_stride = rest[0] if rest else None
+    the direct convolution, the depthwise kernel, else the general tiling. ``geometry`` may
+    be in its stored form (:meth:`Geometry.of`)."""
+    g = Geometry.of(geometry)
+    k = g.k
     reduce = k / (k + K0)
-    share = _gemm_share(gemm_geom, lanes, registers) if gemm_geom else None
+    share = _gemm_share(g.gemm, lanes, registers) if g.gemm else None
     if share is not None:
-        packed = 1.0 if gemm_geom[2] else E_ACTIVATION
+        packed = 1.0 if g.gemm.weight else E_ACTIVATION
         return "gemm", E_PATH["gemm"] * share * k / (k + K0_GEMM) * packed
-    share = _conv_share(*conv_geom, lanes, registers) if conv_geom else None
+    share = _conv_share(g.conv, lanes, registers) if g.conv else None
     if share is not None:
         return "conv", E_PATH["conv"] * share * reduce
-    if dw_stride is not None:
-        return "depthwise", E_DEPTHWISE.get(dw_stride, E_DEPTHWISE[2]) * reduce
-    fill = tiled / (-(-tiled // lanes) * lanes)
+    if g.depthwise is not None:
+        return "depthwise", E_DEPTHWISE.get(g.depthwise, E_DEPTHWISE[2]) * reduce
+    fill = g.tiled / (-(-g.tiled // lanes) * lanes)
     return "tiled", E_PATH["tiled"] * fill * reduce

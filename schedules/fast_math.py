@@ -33,7 +33,7 @@ Only scalar float32 calls are rewritten: the pass runs right after scheduling, b
 float64 would need longer polynomials for its 2^-52; float16 kernels keep the exact call as
 well (LLVM promotes them to float32 libm), as do the math calls not listed here. A call nested
 in another rewritten call (the fused elementwise_chain's sigmoid -> log -> tanh...) also keeps
-its library call: see :data:`MAX_NESTED` and docs/benchmarks.md for what that costs.
+its library call: see :data:`MAX_NESTED` and docs/log/2026-12-01a.md for what that costs.
 """
 
 from __future__ import annotations

@@ -37,11 +37,7 @@ from ._common import (
 )
 from ._loops import schedule_rest, split_loops, tile_and_parallelize
 from .gemm_tile import (  # noqa: F401 -- the tile model, public here as gemm.*
-    _FMA_LATENCY,
-    _LOADS_PER_CYCLE,
-    _VECTOR_COUNTS,
     Tile,
-    _tile_cycles,
     accumulator_budget,
     choose_tile,
     pick_tile,

@@ -10,24 +10,24 @@ from dataclasses import dataclass
 
 # Vectors per tile row: a power of two (LLVM legalizes 3- or 6-register vectors badly, see
 # ``_common.vector_tile``).
-_VECTOR_COUNTS = (1, 2, 4)
+VECTOR_COUNTS = (1, 2, 4)
 
 # Cycles from one FMA to the next on the same accumulator (4 on Skylake and Zen 4, 5 on
 # Haswell: the larger, so an AVX2 tile keeps 10+ chains): a tile of fewer than twice this many
 # accumulators (2 FMA ports) waits on its own chains.
-_FMA_LATENCY = 5
+FMA_LATENCY = 5
 
 # Vector loads and broadcasts issued per cycle. Two load ports in theory; measured on an
 # AVX-512 host (emeraldrapids, ViT's 12 x 197 x 64 x 197 scores), a 22 x 1 tile (23 loads per
 # 22 FMAs) ran 1.5x slower per FMA than 12 x 2 (14 per 24): about 1.5 per cycle.
-_LOADS_PER_CYCLE = 1.5
+LOADS_PER_CYCLE = 1.5
 
 # What padding each image row to the tile costs on top of the padded lanes the cycle model
 # counts: the padded copy of the streamed operand and the masked write-back of every row's
 # last tile. Fitted on mobilenet_v2's three 1x1 convolutions at 28 x 28 (AVX-512, 1 thread):
 # 16-row one-vector tiles over the 784 merged pixels, modeled 1.22x slower than 12 x 2 tiles
-# over rows padded to 32, ran 1.1-1.44x faster (docs/benchmarks.md).
-_PADDED_ROWS_COST = 1.5
+# over rows padded to 32, ran 1.1-1.44x faster (docs/log/2026-12-01b.md).
+PADDED_ROWS_COST = 1.5
 
 
 @dataclass(frozen=True)
@@ -49,14 +49,14 @@ def accumulator_budget(registers: int) -> int:
     return registers * 3 // 4
 
 
-def _tile_cycles(tile: Tile, m: int, n: int) -> float:
+def tile_cycles(tile: Tile, m: int, n: int) -> float:
     """Relative time of the padded ``m x n`` output in ``tile``s, per reduction step.
 
     Per step a tile issues ``rows * vectors`` FMAs (2 per cycle) and ``rows + vectors`` loads
-    (:data:`_LOADS_PER_CYCLE`), and takes at least one FMA latency.
+    (:data:`LOADS_PER_CYCLE`), and takes at least one FMA latency.
     """
     fmas = tile.rows * tile.vectors
-    per_tile = max(fmas / 2, (tile.rows + tile.vectors) / _LOADS_PER_CYCLE, _FMA_LATENCY)
+    per_tile = max(fmas / 2, (tile.rows + tile.vectors) / LOADS_PER_CYCLE, FMA_LATENCY)
     return -(-m // tile.rows) * -(-n // tile.cols) * per_tile
 
 
@@ -67,7 +67,7 @@ def choose_tile(m: int, n: int, lanes: int, registers: int,
     is packed at compile time with exactly its own width)."""
     budget = accumulator_budget(registers)
     best, best_key = None, None
-    for vectors in _VECTOR_COUNTS:
+    for vectors in VECTOR_COUNTS:
         cols = vectors * lanes
         if cols_must_divide and n % cols:
             continue
@@ -77,7 +77,7 @@ def choose_tile(m: int, n: int, lanes: int, registers: int,
             if rows > m:
                 break
             tile = Tile(rows, vectors, lanes)
-            key = (_tile_cycles(tile, m, n), -rows * vectors, -vectors)
+            key = (tile_cycles(tile, m, n), -rows * vectors, -vectors)
             if best_key is None or key < best_key:
                 best, best_key = tile, key
     return best
@@ -88,7 +88,7 @@ def pick_tile(m: int, n: int, lanes: int, registers: int, weight: bool,
     """(tile, column extent) for an ``m x n`` output; ``height``: the extent of an axis that
     can merge into the columns (``columns.py``), which is taken where a tile dividing the
     ``height * n`` merged columns is modeled no slower than tiling each of the ``height`` rows
-    (padded: :data:`_PADDED_ROWS_COST`). A merged axis is never padded: its tile must
+    (padded: :data:`PADDED_ROWS_COST`). A merged axis is never padded: its tile must
     divide."""
     tile = choose_tile(m, n, lanes, registers, cols_must_divide=weight)
     if height is None or weight:
@@ -98,5 +98,5 @@ def pick_tile(m: int, n: int, lanes: int, registers: int, weight: bool,
         return tile, n
     if tile is None:
         return wide, n * height
-    rows = height * _tile_cycles(tile, m, n) * (_PADDED_ROWS_COST if n % tile.cols else 1.0)
-    return (wide, n * height) if _tile_cycles(wide, m, n * height) <= rows else (tile, n)
+    rows = height * tile_cycles(tile, m, n) * (PADDED_ROWS_COST if n % tile.cols else 1.0)
+    return (wide, n * height) if tile_cycles(wide, m, n * height) <= rows else (tile, n)

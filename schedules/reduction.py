@@ -22,6 +22,7 @@ from ._common import (
     vector_tile,
 )
 from ._loops import PARTITION_HINT, SafeRule, loop_kinds, vectorize_with_tail
+from .card import Card
 from .classes import ScheduleClass
 
 
@@ -258,6 +259,29 @@ def reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return map_block_bodies(func, reciprocal)
 
 
+def _claims_reduction(f, kind: str) -> bool:
+    """Row reductions (softmax, norms, mean) with elementwise members, no contraction, no
+    pooling window fused with other ops (row rules reduce over an axis: resnet18 with its
+    maxpool fused into BN + ReLU ran 1.25x slower on CPU). On CPU every block must sit on the
+    rows of the last one: a group that hands out a second tensor or transposes after its
+    reduction falls back (a reshape keeps the rows). Applying the rules to the 150 measured
+    reduction groups of the zoo and the synthetic programs: 49 fell back, 101 took the rule,
+    no disagreement (synth-0's ``mul + mul1 + square1 + mean1`` measured 2.6x slower fused
+    than its parts)."""
+    if f.schedule != ScheduleClass.REDUCTION:
+        return False
+    return kind == "cuda" or (f.n_outputs <= 1 and not f.moves_after_reduction)
+
+
+# Vector rfactor partials, one row loop: TVM's FLOP count over the time of the math-free row
+# reductions came to 0.22-0.31 of the 114 GFLOP/s one-core FMA-chain peak (LayerNorm 197x768
+# and 128x768, wav2vec2's GroupNorm 512x3199; ``bench_kernels.py --classes reduction``,
+# docs/log/2026-12-01a.md), where 0.05 had priced the scalar loops before them. Their math (exp)
+# is priced apart (``cost/analytical.py``). CUDA: memory bound; ptxas gives ~16 registers.
+REDUCTION_CARD = Card(ScheduleClass.REDUCTION, "RowReduction", _claims_reduction,
+                      efficiency={"cpu": 0.25, "cuda": 0.10}, cuda_registers=16)
+
+
 class RowReduction(SafeRule):
     """Softmax, layer norm, RMS norm, mean/sum + epilogue: parallel rows, vectorized inner.
 
@@ -272,7 +296,7 @@ class RowReduction(SafeRule):
     with the same vector partials and vectorized rows.
     """
 
-    classes = (ScheduleClass.REDUCTION,)
+    cards = (REDUCTION_CARD,)
 
     def _apply(self, sch, target):
         sch = s_tir.Schedule(reciprocal_divisions(simplify_indices(sch.mod["main"])))

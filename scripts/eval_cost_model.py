@@ -60,7 +60,7 @@ from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.transform import plan_module
 from tvm_costfuse.tuning import in_model, side_by_side
-from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
+from tvm_costfuse.records.database import GroupDatabase, default_work_dir
 from tvm_costfuse.tuning.feedback import MeasureConfig, measure_model
 
 

@@ -102,3 +102,18 @@ def test_schedules_import_nothing_above_them() -> None:
     bad = {m: sorted(d for d in deps if not d.startswith(allowed))
            for m, deps in graph.items() if m.startswith(f"{PACKAGE}.schedules")}
     assert not any(bad.values()), bad
+
+
+def _reaches(graph: dict[str, set[str]], start: str, prefix: str) -> list[str]:
+    """Modules under ``start`` importing a module under ``prefix``, with what they import."""
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() if m.startswith(start)
+                  for d in deps if d.startswith(prefix))
+
+
+def test_cost_models_read_records_without_climbing_into_tuning() -> None:
+    """The cost models read the measured rows (``records/``); the feedback loop that writes
+    them (``tuning/``) sits above the cost models and imports them, not the other way."""
+    graph = _graph()
+    assert not _reaches(graph, f"{PACKAGE}.cost", f"{PACKAGE}.tuning")
+    assert not _reaches(graph, f"{PACKAGE}.records", f"{PACKAGE}.cost")
+    assert not _reaches(graph, f"{PACKAGE}.records", f"{PACKAGE}.tuning")

@@ -32,16 +32,23 @@ def test_bench_a_pt2_beside_eager_and_ort(tmp_path, capsys) -> None:
     assert (tmp_path / "t.md").read_text().startswith("| model |")
 
 
-def test_bench_without_a_pytorch_form_says_so(capsys) -> None:
+def test_bench_without_a_pytorch_form_says_so_and_plots(tmp_path, capsys) -> None:
+    import matplotlib.image
+
+    plot = tmp_path / "bench.png"
     assert main(["bench", "mlp_gelu", "--small", "--repeat", "1", "--peers", "eager",
-                 "--strategies", "tvm,costfuse"]) == 0
-    out = capsys.readouterr().out
+                 "--strategies", "tvm,costfuse", "--plot", str(plot)]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
     assert "no eager column: no PyTorch form" in out
     assert float(_row(out, "mlp_gelu")["costfuse@1 ms"]) > 0
+    height, width, _ = matplotlib.image.imread(plot).shape  # a PNG that decodes
+    assert height > 100 and width > 100
+    assert "bench mlp_gelu" in captured.err and "1/1" in captured.err  # the progress bar
 
 
 def test_a_wrong_column_is_marked_and_left_out_of_the_geomeans() -> None:
-    from tvm_costfuse.report.bench import table
+    from tvm_costfuse.report.bench import speedup, table
 
     row = {"model": "m", "family": "f", "kernels": {"tvm": 3, "costfuse": 2},
            "ms": {"tvm@1": 2.0, "costfuse@1": 1.0, "ort@1": 4.0},
@@ -50,3 +57,4 @@ def test_a_wrong_column_is_marked_and_left_out_of_the_geomeans() -> None:
     text = table([row], [1], ("tvm", "costfuse"), ("ort",))
     assert "WRONG 4" in text and "ort@1 is WRONG" in text
     assert "speedup over tvm: geomean 2.00x" in text and "speedup over ort" not in text
+    assert speedup(row, "costfuse", "tvm", 1) == 2.0 and speedup(row, "costfuse", "ort", 1) is None

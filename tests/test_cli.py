@@ -124,6 +124,8 @@ USER_ERRORS = [
     (["tune", "rmsnorm", "--rpc-tracker", "no-port"], "HOST:PORT:KEY"),
     (["tune", "rmsnorm", "--target", "h100", "--rpc-tracker", "x:1:k"], "--rpc-tracker"),
     (["refeature", "--work-dir", "/proc/costfuse"], "cannot write in /proc"),
+    (["bench", "rmsnorm", "--plot", "/tmp/bench.notanimage"], "image format"),
+    (["bench", "rmsnorm", "--strategies", "tvm", "--plot", "/tmp/bench.png"], "--plot"),
     (["demo", "--repeat", "0"], "--repeat"),
     (["demo", "--model", "missing.onnx"], "missing.onnx"),
     (["graph", "nosuch"], "nosuch"),

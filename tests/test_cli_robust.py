@@ -155,9 +155,9 @@ def test_wheel_ships_the_learned_models_where_the_package_looks(tmp_path):
     (wheel,) = (tmp_path / "whl").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     # Installed, the package reads its shipped models from tvm_costfuse/tuning_logs/
-    # (tuning/database.py's SHIPPED_LOGS): the wheel must put them there, and nothing at the
+    # (records/database.py's SHIPPED_LOGS): the wheel must put them there, and nothing at the
     # top of site-packages.
-    from tvm_costfuse.tuning import database
+    from tvm_costfuse.records import database
 
     assert database._INSTALLED_LOGS == Path(database.__file__).resolve().parents[1] / \
         "tuning_logs"

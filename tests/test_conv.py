@@ -20,7 +20,7 @@ from tvm import relax, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm_costfuse.schedules import Contraction, depthwise
 from tvm_costfuse.schedules._common import MIN_PARALLEL_FMAS, is_spatial, root_blocks
-from tvm_costfuse.schedules.contraction import _operands
+from tvm_costfuse.schedules.contraction import contraction_operands
 from tvm_costfuse.schedules.conv import _operand_registers, choose_conv_tile
 from tvm_costfuse.schedules.depthwise import choose_depthwise_tile
 from tvm_costfuse.schedules.gemm import accumulator_budget
@@ -279,7 +279,7 @@ def _assert_depthwise_kernel(func, target, stride):
     channels (parallel when big enough) with the image row vectorized in tiles of
     ``choose_depthwise_tile``; stride 2 reads a deinterleaved ``(.., 2, W / 2)`` plane."""
     conv = _normalized_conv_block(func)
-    assert depthwise.analyze(conv, *_operands(conv)) is not None
+    assert depthwise.analyze(conv, *contraction_operands(conv)) is not None
     sch = Contraction().apply(func, target, False)
     assert sch is not None, "the contraction rule did not apply"
     out = sch.mod["main"]
@@ -338,8 +338,8 @@ def test_depthwise_declines_other_convolutions(w_shape, groups):
     """A channel multiplier, a dense and a grouped conv are no depthwise block: None."""
     case = ((1, 16, 14, 14), w_shape, 1, (1, 1), groups, False)
     conv = _normalized_conv_block(_conv_funcs(_module(case, _arrays(case))[0], AVX512)[0])
-    assert _operands(conv) is not None
-    assert depthwise.analyze(conv, *_operands(conv)) is None
+    assert contraction_operands(conv) is not None
+    assert depthwise.analyze(conv, *contraction_operands(conv)) is None
 
 
 @ISAS

@@ -26,9 +26,9 @@ from tvm.s_tir import meta_schedule as ms
 from tvm_costfuse.cost import learned
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.targets import for_target, host_target
-from tvm_costfuse.tuning.database import GroupDatabase, failure_kind
+from tvm_costfuse.records.database import GroupDatabase, failure_kind
 from tvm_costfuse.tuning.feedback import MeasureConfig, candidate_groups, measure_model
-from tvm_costfuse.tuning.integrity import DatabaseLocked, exclusive
+from tvm_costfuse.records.integrity import DatabaseLocked, exclusive
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "rmsnorm"
@@ -41,7 +41,7 @@ from tvm_costfuse import models
 from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.targets import host_target
 from tvm_costfuse.tuning.feedback import MeasureConfig, measure_model
-from tvm_costfuse.tuning.integrity import DatabaseLocked
+from tvm_costfuse.records.integrity import DatabaseLocked
 work_dir, pause, wait = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "wait"
 def runner(*_args):
     time.sleep(pause)

@@ -87,6 +87,6 @@ def test_times_rank_and_ratio() -> None:
 
 def test_every_zoo_model_has_a_family() -> None:
     families = {models.family(n) for n in models.zoo.names()}
-    assert families <= {"cnn", "encoder", "decoder", "elementwise"}
+    assert families <= {"cnn", "encoder", "decoder", "decode", "elementwise"}
     assert models.family("bert_layer@small") == "encoder"
     assert models.family("synth-3") == "synthetic"

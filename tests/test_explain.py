@@ -127,13 +127,21 @@ def test_differences_cover_exactly_the_kernels_the_partitions_disagree_on() -> N
     assert differences(graph, preset("h100"), FusionConfig.resolve(), fuseops, fuseops) == []
 
 
-def test_the_default_demo_shows_a_decision_that_differs_from_fuseops(capsys) -> None:
-    # The README's main job: its default model must have something to show (the ratio it
-    # measures is the demo's output, not this test's claim).
+def test_the_default_demo_shows_two_decisions_that_differ_from_fuseops(capsys) -> None:
+    # The README's main job: each default model must have something to show, FuseOps' kernel
+    # split, then a decode step's attention fused whole (the ratios it measures are the
+    # demo's output, not this test's claim).
     assert main(["demo", "--repeat", "1"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("model elementwise_chain,")
-    assert "CostFuse decided 1 region(s) differently from FuseOps" in out and "  split [" in out
+    first, second = capsys.readouterr().out.split("\n\nmodel ")
+    assert first.startswith("model elementwise_chain,")
+    assert "CostFuse decided 1 region(s) differently from FuseOps" in first
+    assert "  split [" in first
+    assert second.startswith("decode_attention,")
+    assert "CostFuse decided 1 region(s) differently from FuseOps" in second
+    assert "  merged [" in second
+    kernels = {ln.split()[0]: ln.split()[1] for ln in second.splitlines()
+               if ln.split() and ln.split()[0] in ("tvm", "costfuse")}
+    assert kernels["costfuse"] == "1" and int(kernels["tvm"]) > 1
 
 
 def test_a_reshape_left_as_a_view_is_no_difference() -> None:

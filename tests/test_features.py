@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 from conftest import prepared
+from tvm_costfuse.schedules.catalog import card_of
 
 from tvm_costfuse.cost.analytical import estimate, launch_seconds
 from tvm_costfuse.cost.extract import group_features
-from tvm_costfuse.cost.features import GroupFeatures
+from tvm_costfuse.cost.features import GroupFeatures, OpWork
 from tvm_costfuse.graph import build_graph
+from tvm_costfuse.records.database import GroupDatabase
 from tvm_costfuse.targets import host, preset
-from tvm_costfuse.tuning.database import GroupDatabase
 from tvm_costfuse.tuning.feedback import feature_row
 
 HOST = host(num_cores=2, calibration=False)
@@ -62,14 +63,15 @@ def test_computing_prologue_stays_in_the_fallback_on_cuda() -> None:
 
 def test_cpu_launch_pays_the_thread_pool_per_parallel_nest_only() -> None:
     f = group_features(_graph("rmsnorm"), ["add"])
-    serial = dataclasses.replace(f, op_work=((False, 100.0, 100, False),))
-    parallel = dataclasses.replace(f, op_work=((False, 1e6, 1 << 20, False),))
-    assert launch_seconds(serial, HOST, "elementwise") == HOST.launch_s_serial
-    assert launch_seconds(parallel, HOST, "elementwise") == HOST.launch_s
+    serial = dataclasses.replace(f, op_work=(OpWork(False, 100.0, 100),))
+    parallel = dataclasses.replace(f, op_work=(OpWork(False, 1e6, 1 << 20),))
+    elementwise, stream = card_of("elementwise"), card_of("contraction+stream")
+    assert launch_seconds(serial, HOST, elementwise) == HOST.launch_s_serial
+    assert launch_seconds(parallel, HOST, elementwise) == HOST.launch_s
     pool = HOST.launch_s - HOST.launch_s_serial
-    two = launch_seconds(parallel, HOST, "contraction+stream")
+    two = launch_seconds(parallel, HOST, stream)
     assert abs(two - (HOST.launch_s_serial + 2 * pool)) < 1e-12
-    assert launch_seconds(parallel, H200, "elementwise") == H200.launch_s
+    assert launch_seconds(parallel, H200, elementwise) == H200.launch_s
 
 
 def test_rows_reprice_exactly_after_a_round_trip(tmp_path) -> None:
@@ -142,7 +144,7 @@ def test_math_work_makes_a_cpu_kernel_slower_and_leaves_cuda_as_it_was() -> None
     assert cos.math > 0 and add.math == 0
     assert group_features(g, ["cos", "add"]).math == cos.math
     no_math = dataclasses.replace(
-        cos, math=0.0, op_work=tuple((*w[:4], 0.0) for w in cos.op_work))
+        cos, math=0.0, op_work=tuple(w._replace(math=0.0) for w in cos.op_work))
     assert estimate(cos, HOST).breakdown["compute"] > estimate(no_math, HOST).breakdown["compute"]
     assert estimate(cos, H200).seconds == estimate(no_math, H200).seconds
 

@@ -14,7 +14,14 @@ from tvm_costfuse.schedules.math_calls import NESTED_CALL_FACTOR
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy, planner
 from tvm_costfuse.cost.extract import group_features
-from tvm_costfuse.cost.features import GroupFeatures, _elems, _is_window, _itemsize, op_class
+from tvm_costfuse.cost.features import (
+    GroupFeatures,
+    OpWork,
+    _elems,
+    _is_window,
+    _itemsize,
+    op_class,
+)
 from tvm_costfuse.targets import preset
 from tvm_costfuse.testing import branchy_dag, random_dag
 
@@ -115,8 +122,8 @@ def reference_features(graph, members) -> GroupFeatures:
                                - 1)
                         for n in nodes if n.name not in prologue and len(n.outputs) > 1),
         prologue_compute=sum(cls[p] != "injective" for p in prologue),
-        op_work=tuple((cls[n.name] == "contraction", n.flops, _elems(n), n.name in prologue,
-                       math(n), n.geometry) for n in calls),
+        op_work=tuple(OpWork(cls[n.name] == "contraction", n.flops, _elems(n),
+                             n.name in prologue, math(n), n.geometry) for n in calls),
         window_reductions=sum(cls[n.name] == "reduction" and _is_window(n) for n in nodes),
         math=sum(math(n) for n in nodes),
         reshaping_ops=sum(is_move(n) and n.name not in prologue for n in nodes)

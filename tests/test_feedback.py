@@ -15,7 +15,7 @@ from tvm_costfuse.cost.features import FEATURE_NAMES
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.tuning import feedback
-from tvm_costfuse.tuning.database import FAILED_RUN_SECS, GroupDatabase
+from tvm_costfuse.records.database import FAILED_RUN_SECS, GroupDatabase
 from tvm_costfuse.tuning.feedback import (
     MeasureConfig,
     build_and_time,

@@ -1,12 +1,13 @@
-"""The schedule class the cost model prices a fused kernel as is the class of the rule that
-schedules it: for every group CostFuse fuses on the zoo and on the corpus' decode steps (one
-token against a KV cache: one query row, one normalized row), the rule ``ApplyDefaultSchedule``
-applies to the group's kernel (``schedules.first_rule``) produces the class
-``GroupFeatures.schedule_on`` predicted. A mismatch means the plan priced another kernel than
-the one that runs; the wrong result of a unit-extent reduction in a two-reduction kernel sat in
-that gap.
+"""The card the cost model prices a fused kernel with is the card of the rule that schedules
+it: for every group CostFuse fuses on the zoo and on the corpus' decode steps (one token
+against a KV cache: one query row, one normalized row), the rule ``ApplyDefaultSchedule``
+applies to the group's kernel (``schedules.first_rule``) is the rule of the card that claimed
+the group (``GroupFeatures.card_on``), and its class one of that rule's. A mismatch means the
+plan priced another kernel than the one that runs; the wrong result of a unit-extent reduction
+in a two-reduction kernel sat in that gap.
 
-Full shapes for the zoo, the small variants of the decode steps, on a fixed AVX2 target (nothing here runs a kernel, so no host ISA is assumed).
+Full shapes for the zoo, the small variants of the decode steps, on a fixed AVX2 target
+(nothing here runs a kernel, so no host ISA is assumed).
 Single ops are not checked here: they are the same kernels under every strategy, and some are
 priced as another class than the rule that takes them (a lone max pool or sum is priced as a
 row reduction and scheduled by the fallback; a conv whose output ends in a unit axis is
@@ -45,10 +46,10 @@ def test_planned_kernels_get_the_rule_they_were_priced_as(name: str) -> None:
             continue  # no kernel of its own
         with target:
             rule, _ = first_rule(group_kernel(mod, graph, members), target)
-        predicted = features.schedule_on("cpu")
+        card = features.card_on("cpu")
         checked += 1
-        if rule is None or predicted not in rule.classes:
-            wrong.append(f"{'+'.join(members)}: priced {predicted}, scheduled by "
-                         f"{type(rule).__name__ if rule else 'no rule'}")
+        if rule is None or card.rule != type(rule).__name__ or card not in rule.cards:
+            wrong.append(f"{'+'.join(members)}: priced {card.cls} ({card.rule}), scheduled "
+                         f"by {type(rule).__name__ if rule else 'no rule'}")
     assert checked, f"{name}: no kernel checked"
     assert not wrong, f"{name}: " + "; ".join(wrong)

@@ -608,10 +608,34 @@ def test_epilogue_inline_keeps_a_tensor_other_blocks_read():
     assert max_mismatch(ref, run(ex, inputs)) <= 1.0
 
 
-def test_rules_cover_every_schedule_class_the_cost_models_price():
-    """Each final schedule class (what the features assign and the cost models table) is the
-    class of some CPU rule's kernels, and each rule names only known classes."""
+def test_the_catalog_lists_every_rules_cards_in_the_rules_order():
+    """Each final schedule class (what the cost models table) is one card's; the catalog lists
+    the CPU rules' cards in the rules' order (first claim wins, as the first rule that applies
+    does); a card names the rule that carries it and claims only on targets it prices."""
+    from tvm_costfuse.schedules.catalog import CARDS, claim
     from tvm_costfuse.schedules.classes import FINAL
 
-    produced = [c for rule in rules() for c in rule.classes]
-    assert set(produced) == set(FINAL)
+    assert [card for rule in rules() for card in rule.cards] == list(CARDS)
+    assert sorted(card.cls for card in CARDS) == sorted(FINAL)
+    for rule in rules():
+        assert all(card.rule == type(rule).__name__ for card in rule.cards)
+    fallback = CARDS[-1]
+    for kind in ("cpu", "cuda"):
+        assert fallback.claims(None, kind) and kind in fallback.efficiency
+    from tvm_costfuse import FusionConfig, build_graph, models
+    from tvm_costfuse.cost.extract import group_features
+    from tvm_costfuse.pipelines import prepare
+    from tvm_costfuse.targets import resolve
+    from tvm_costfuse.transform import plan_module
+
+    mod = prepare(models.load("bert_layer", small=True)[0], TARGET)
+    graph = build_graph(mod)
+    groups = plan_module(mod, resolve(TARGET).desc, FusionConfig()).groups
+    claimed = set()
+    for members in [*groups, *([n.name] for n in graph.nodes)]:
+        features = group_features(graph, members)
+        for kind in ("cpu", "cuda"):
+            card = claim(features, kind)
+            assert kind in card.efficiency and features.schedule_on(kind) == card.cls
+            claimed.add(card.cls)
+    assert len(claimed) >= 4, claimed

@@ -191,6 +191,24 @@ def test_pipeline_takes_every_name_resolve_takes() -> None:
     with target:
         ex = tvm.compile(mod, target=target, relax_pipeline=tvm_costfuse.pipeline("h100"))
     assert kernel_sources(ex)
+    # the strategies' pipelines and the pre-fusion passes take the same names
+    for strategy in ("costfuse", "tvm", "none"):
+        with target:
+            ex = tvm.compile(mod, target=target,
+                             relax_pipeline=tvm_costfuse.strategy_pipeline(strategy, "h100"))
+        assert kernel_sources(ex), strategy
+    assert tvm_costfuse.pipelines.prepare(mod, "h200") is not None
+
+
+def test_a_preset_keeps_its_description_where_its_arch_names_another() -> None:
+    """h200 and h100 share sm_90: a pipeline for "h200" prices plans as an H200, not as the
+    H100 its arch alone would name; a plain "llvm" keeps TVM's generic x86-64."""
+    from tvm_costfuse.targets import compile_target, resolve
+
+    assert resolve("h200").desc.name == "h200" and resolve("h100").desc.name == "h100"
+    assert str(compile_target("h200")) == str(resolve("h200").tvm)
+    assert "mcpu" not in compile_target("llvm").attrs
+    assert str(compile_target("host")) == str(resolve("host").tvm)
 
 
 def test_target_strings_as_tvm_users_write_them():

@@ -29,7 +29,7 @@ from tvm_costfuse.graph import build_graph
 from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.report.compare import compare
 from tvm_costfuse.targets import host_target
-from tvm_costfuse.tuning.database import GroupDatabase
+from tvm_costfuse.records.database import GroupDatabase
 from tvm_costfuse.tuning.feedback import (
     MeasureConfig,
     group_kernel,
@@ -37,7 +37,7 @@ from tvm_costfuse.tuning.feedback import (
     refeature,
     schedule_kernel,
 )
-from tvm_costfuse.tuning.integrity import WORKLOAD_FILE, exclusive
+from tvm_costfuse.records.integrity import WORKLOAD_FILE, exclusive
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 NOT_RECORDS = [b"[]", b'{"x": 1}', b"42"]
@@ -126,7 +126,7 @@ def test_json_lines_that_are_not_records_are_skipped_with_one_warning(tmp_path, 
     path = _write_log(tmp_path, _log_rows(2), NOT_RECORDS)
     # Another session writes the folder: a reader may not repair, it skips and says so.
     with (exclusive(tmp_path),
-          caplog.at_level(logging.WARNING, logger="tvm_costfuse.tuning.database")):
+          caplog.at_level(logging.WARNING, logger="tvm_costfuse.records.database")):
         rows = GroupDatabase(tmp_path).rows()
         assert len(load_measured(TARGET, tmp_path).seconds) == 2
     assert [r["members"] for r in rows] == [["0"], ["1"]]

@@ -17,7 +17,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import assert_close, build, run
 from tvm_costfuse.targets import host_target
-from tvm_costfuse.tuning.database import default_work_dir
+from tvm_costfuse.records.database import default_work_dir
 
 # One worker runs this file, so the tuning run below is made once, not once per worker.
 pytestmark = pytest.mark.xdist_group("metaschedule-tuning")
@@ -95,7 +95,7 @@ def test_tuned_kernel_from_database_untuned_kernel_from_rules(target, work_dir):
 def test_tuning_folders_of_an_installed_package_are_the_users(monkeypatch, tmp_path):
     """Installed (no checkout around the package), tuning is written under the user's cache,
     not into site-packages; TVM_COSTFUSE_TUNING_DIR names another folder in any case."""
-    from tvm_costfuse.tuning import database
+    from tvm_costfuse.records import database
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("TVM_COSTFUSE_TUNING_DIR", raising=False)

@@ -23,6 +23,7 @@ EXPECTED_NAMES = [
     "layernorm_mlp",
     "rmsnorm",
     "elementwise_chain",
+    "decode_attention",
 ]
 
 # Output shapes of the small variants.
@@ -37,6 +38,7 @@ SMALL_OUT_SHAPES = {
     "layernorm_mlp": (1, 8, 32),
     "rmsnorm": (1, 8, 64),
     "elementwise_chain": (1, 64, 64),
+    "decode_attention": (1, 4, 1, 16),
 }
 
 _TARGET = tvm.target.Target("llvm")
@@ -135,6 +137,24 @@ def test_attention_matches_numpy() -> None:
     q, k, v = (inputs[n].astype(np.float64) for n in ("q", "k", "v"))
     ref = _softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])) @ v
     np.testing.assert_allclose(_small_output("attention"), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_decode_attention_matches_numpy() -> None:
+    """The new token's query and key rotated, its key and value appended to the caches,
+    each KV head shared by ``group`` query heads."""
+    module, w, inputs = models.zoo.build("decode_attention", small=True)
+    x = {n: a.astype(np.float64) for n, a in inputs.items()}
+    half = module.d // 2
+
+    def rotate(t: np.ndarray) -> np.ndarray:
+        turned = np.concatenate([-t[..., half:], t[..., :half]], axis=-1)
+        return t * w["cos"] + turned * w["sin"]
+
+    k = np.repeat(np.concatenate([x["cache_k"], rotate(x["k"])], axis=2), module.group, 1)
+    v = np.repeat(np.concatenate([x["cache_v"], x["v"]], axis=2), module.group, 1)
+    scores = rotate(x["q"]) @ k.transpose(0, 1, 3, 2) / math.sqrt(module.d) + x["mask"]
+    ref = _softmax(scores) @ v
+    np.testing.assert_allclose(_small_output("decode_attention"), ref, rtol=1e-4, atol=1e-5)
 
 
 def test_rmsnorm_matches_numpy() -> None:

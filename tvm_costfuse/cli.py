@@ -18,18 +18,18 @@ import numpy as np
 import tvm
 
 from . import models
-from .cli_args import UsageError, build_parser
+from .cli_args import DEMO_MODELS, DEMO_NOTES, UsageError, build_parser
 from .config import FusionConfig
 from .cost.learned import ModelFileError
 from .graph import build_graph
 from .measurement.timing import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
 from .pipelines import prepare
+from .records.database import headline
+from .records.integrity import DatabaseLocked, exclusive
 from .strategies import STRATEGIES, strategy_pipeline
 from .targets import host_target, resolve
 from .transform import plan_module
-from .tuning.database import headline
-from .tuning.integrity import DatabaseLocked, exclusive
 
 
 def _load(spec: str, small: bool, loader=models.load):
@@ -46,9 +46,22 @@ def _load(spec: str, small: bool, loader=models.load):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    mod, inputs = _load(args.model, args.small)
+    """``--model``'s model, or each demo model in turn, with a blank line between them."""
+    specs = [args.model] if args.model else list(DEMO_MODELS)
+    for i, spec in enumerate(specs):
+        if i:
+            print()
+        _demo(spec, args.small, args.repeat)
+    return 0
+
+
+def _demo(spec: str, small: bool, repeat: int) -> None:
+    """One model under every strategy: kernels, compile time, latency, the decisions."""
+    mod, inputs = _load(spec, small)
     target = host_target()
-    print(f"model {args.model}{' (small)' if args.small else ''}, target {target}")
+    print(f"model {spec}{' (small)' if small else ''}, target {target}")
+    if spec in DEMO_NOTES and not small:  # the notes' shapes are the full ones
+        print(f"  {DEMO_NOTES[spec]}")
     executables, compile_s, kernels = {}, {}, {}
     for name in STRATEGIES:
         start = time.perf_counter()
@@ -59,7 +72,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         calls: list[str] = []
         assert_close(run(ex, inputs, calls=calls), reference)  # raises, naming the output
         kernels[name] = len(calls)
-    seconds = interleaved_medians(executables, inputs, repeat=args.repeat)
+    seconds = interleaved_medians(executables, inputs, repeat=repeat)
     print("stock = TVM's relax.get_default_pipeline (FuseOps, no schedules); the others share "
           "our CPU schedules and differ in fusion only")
     print(f"{'strategy':<9} {'kernels':>7} {'compile s':>10} {'latency ms':>11} {'vs tvm':>7}")
@@ -68,7 +81,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"{seconds[name] * 1e3:>11.3f} {seconds['tvm'] / seconds[name]:>6.2f}x")
     print("numerics: every strategy matches no fusion (rtol 1e-4, atol 1e-5)")
     _print_decisions(mod, target, seconds["tvm"] / seconds["costfuse"])
-    return 0
 
 
 # Ratios closer to 1 than this are reported as ties, not as a win or a loss.
@@ -134,24 +146,43 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Our strategies next to the peers at equal threads: one table, busy rows marked."""
+    """Our strategies next to the peers at equal threads: one table, busy rows marked; a
+    progress bar over the (model, threads) rows on stderr, and a plot on request."""
     import tempfile
 
     from .report.bench import bench, table, workload
 
+    ours = [s for s in args.strategies if s.startswith("costfuse")]
+    if args.plot and not ours:
+        raise UsageError("--plot draws a costfuse strategy's speedups: add one to --strategies")
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress is a convenience: plain lines then
+        tqdm = None
+    per_model = len(args.threads)
+    bar = (tqdm(total=len(args.models) * per_model, unit="row", desc="bench",
+                dynamic_ncols=True) if tqdm else None)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, spec in enumerate(args.models):
-            print(f"[{i + 1}/{len(args.models)}] {spec}: building and timing "
-                  f"{len(args.strategies)} strategies and {len(args.peers)} peers at "
-                  f"{', '.join(map(str, args.threads))} thread(s)", file=sys.stderr, flush=True)
+            if bar is not None:
+                bar.set_description(f"bench {spec}")
+            else:
+                print(f"[{i + 1}/{len(args.models)}] {spec}: building and timing "
+                      f"{len(args.strategies)} strategies and {len(args.peers)} peers at "
+                      f"{', '.join(map(str, args.threads))} thread(s)", file=sys.stderr,
+                      flush=True)
             w = _load(spec, args.small, workload)
             try:  # a model that fails is a row saying so; the rows timed so far are kept
                 rows.append(bench(w, args.threads, args.repeat, tmp, tuple(args.strategies),
-                                  tuple(args.peers)))
+                                  tuple(args.peers), (lambda _t: bar.update(1)) if bar else None))
             except Exception as err:  # noqa: BLE001 -- reported in the table
                 rows.append({"model": spec,
                              "error": f"{type(err).__name__}: {headline(str(err))}"[:200]})
+            if bar is not None:  # a failed model's thread counts count as done
+                bar.update((i + 1) * per_model - bar.n)
+    if bar is not None:
+        bar.close()
     text = table(rows, args.threads, tuple(args.strategies), tuple(args.peers))
     from .export import short_target
 
@@ -160,6 +191,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+    if args.plot:
+        from .report.plots import plot_bench
+
+        columns = [*args.strategies, *args.peers]
+        if plot_bench(rows, args.threads, args.plot, ours[0], columns):
+            print(f"wrote {args.plot}", file=sys.stderr)
+        else:
+            print(f"no plot: no column was timed beside {ours[0]}", file=sys.stderr)
     return 1 if all("error" in r for r in rows) else 0
 
 
@@ -232,8 +271,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     weighs merges in order of predicted gain), retrain the learned model, re-plan."""
     from .cost.learned import train  # xgboost loads only on demand
     from .planner import plan_greedy
+    from .records.database import default_work_dir
     from .transform import plan_module
-    from .tuning.database import default_work_dir
     from .tuning.feedback import MeasureConfig, measure_model
 
     try:

@@ -17,9 +17,9 @@ from .config import INT_RANGES, FusionConfig
 from .report.compare import COMPARED, TARGETS
 from .targets import preset_names
 
-__all__ = ["DESCRIPTION", "UsageError", "build_parser", "compare_models", "config_int",
-           "csv_choices", "int_at_least", "model_spec", "one_model", "output_dir", "output_file",
-           "plot_file", "rpc_tracker", "target_spec", "version"]
+__all__ = ["DEMO_MODELS", "DEMO_NOTES", "DESCRIPTION", "UsageError", "build_parser",
+           "compare_models", "config_int", "csv_choices", "int_at_least", "model_spec", "one_model", "output_dir",
+           "output_file", "plot_file", "rpc_tracker", "target_spec", "version"]
 
 DESCRIPTION = ("costfuse: cost-model-driven operator fusion for Apache TVM (Relax). Compare "
                "its fusion plans with TVM's FuseOps, explain them, and tune its learned cost "
@@ -205,6 +205,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 _MODEL = "model name (see `costfuse models`) or an .onnx / .pt2 file"
+# What plain ``costfuse demo`` runs: a zoo model where CostFuse splits what FuseOps fuses
+# (FuseOps' one kernel is slower than no fusion there), then a decode step's attention, where
+# CostFuse fuses what FuseOps cannot (the KV cache's copies into the attention kernel).
+DEMO_MODELS = ("elementwise_chain", "decode_attention")
+# What each of ``DEMO_MODELS`` shows: the fusion decision it is about and why it matters.
+DEMO_NOTES = {
+    "elementwise_chain": "20 elementwise ops. FuseOps fuses them into one kernel whose nested "
+                         "math calls stay scalar (slower than no fusion); CostFuse splits it "
+                         "where the calls would nest.",
+    "decode_attention": "one LLM decode step's attention (Qwen2-0.5B: 14 query heads on 2 KV "
+                        "heads, 1024 cached tokens). FuseOps writes the keys and values "
+                        "concatenated, repeated over the query heads and transposed as copies "
+                        "7x the cache's size before the attention reads them; CostFuse "
+                        "computes them inside one attention kernel that reads the cache once.",
+}
 _SMALL = "the model's small test shapes (seconds to build, not minutes)"
 
 
@@ -228,11 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="command",
                                 help="what to do (each has --help)")
     demo = sub.add_parser("demo", help="compare fusion strategies on a zoo model")
-    # The default is a model whose fusion decision matters: FuseOps fuses its 20 elementwise
-    # ops into one kernel whose nested math calls stay scalar; CostFuse splits it where the
-    # calls would nest (docs/benchmarks.md, "Vectorized float32 math").
-    demo.add_argument("--model", default="elementwise_chain", type=model_spec,
-                      help=f"{_MODEL} (default %(default)s)")
+    demo.add_argument("--model", default=None, type=model_spec,
+                      help=f"{_MODEL} (default: {', then '.join(DEMO_MODELS)})")
     demo.add_argument("--small", action="store_true", help=_SMALL)
     demo.add_argument("--repeat", type=int_at_least(1), default=5,
                       help="timed repeats (median reported)")
@@ -290,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--small", action="store_true", help=_SMALL)
     bench.add_argument("--out", default=None, type=output_file,
                        help="also write the markdown table here")
+    bench.add_argument("--plot", metavar="PNG", type=plot_file,
+                       help="also draw costfuse's speedup over each column, per model and "
+                            "thread count, to this file (needs matplotlib: the plot extra)")
     bench.set_defaults(cmd="bench")
     cmp = sub.add_parser("compare", help="models x strategies x targets: kernels, bytes, "
                          "predicted/measured time, registers; CSV, markdown and plots")

@@ -15,9 +15,8 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_backend
 from tvm.relax.backend.cuda import pipeline as _cuda_backend
 
-from .schedules import cuda as cuda_schedules
-from .schedules import schedule_pass as cpu_schedule_pass
-from .targets import resolve
+from .schedules import backend as schedule_backend
+from .targets import compile_target, resolve
 from .transform import CostFuse
 
 _FUSION_STEPS = ("FuseOps", "FuseTIR")
@@ -46,14 +45,14 @@ def pre_fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
 
 def prepare(mod: tvm.IRModule, target: tvm.target.Target | str = "llvm") -> tvm.IRModule:
     """Run the pre-fusion passes: the module FuseOps (or CostFuse) takes as input."""
-    target = tvm.target.Target(target)
+    target = compile_target(target)
     with target:
         return tvm.transform.Sequential(pre_fusion_passes(target))(mod)
 
 
 def fuse(mod: tvm.IRModule, target, fusion: tvm.transform.Pass) -> tvm.IRModule:
     """The module a schedule pass sees: pre-fusion passes, ``fusion``, ``FuseTIR``."""
-    target = tvm.target.Target(target)
+    target = compile_target(target)
     mod = prepare(mod, target)
     with target:
         return tvm.transform.Sequential([fusion, relax.transform.FuseTIR()])(mod)
@@ -61,10 +60,8 @@ def fuse(mod: tvm.IRModule, target, fusion: tvm.transform.Pass) -> tvm.IRModule:
 
 def default_schedule(target: tvm.target.Target) -> tvm.transform.Pass:
     """Our schedules for ``target``: the LLVM-CPU rules, or dlight's GPU rules guarded."""
-    if target.kind.name == "cuda":
-        return cuda_schedules.schedule_pass(target)
-    _backend(target)
-    return cpu_schedule_pass(target)
+    _backend(target)  # a kind TVM has no pipeline for fails here, naming it
+    return schedule_backend(target).schedule_pass(target)
 
 
 def build_pipeline(
@@ -79,7 +76,7 @@ def build_pipeline(
     without thread bindings, so there it means :func:`default_schedule`. The pass list is
     taken from TVM's backend module and edited by pass name, so it follows TVM.
     """
-    target = tvm.target.Target(target)
+    target = compile_target(target)
     backend = _backend(target)
     if schedule is None and target.kind.name == "cuda":
         schedule = default_schedule(target)
@@ -113,7 +110,7 @@ def build_pipeline(
 def scheduled_pipeline(target: tvm.target.Target | str,
                        fusion: tvm.transform.Pass | None) -> tvm.transform.Pass:
     """:func:`build_pipeline` with our schedules (:func:`default_schedule`)."""
-    target = tvm.target.Target(target)
+    target = compile_target(target)
     return build_pipeline(target, fusion, default_schedule(target))
 
 

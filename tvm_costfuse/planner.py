@@ -24,20 +24,15 @@ from .cost.features import GroupFeatures
 from .graph import OpGraph
 from .legality import Verdict, can_fuse
 from .quotient import Quotient
-from .schedules.classes import ScheduleClass as SC
+from .schedules.catalog import target_kind
 
 # Siblings are paired only among the first few readers of a tensor: k readers give k^2 pairs.
 _MAX_SIBLINGS = 8
-# Free groups (views) a vertical merge may step through at once (``push_through_views``), and
-# the schedule classes such a merge may form, per target kind: attention, which no smaller
-# step reaches (the imported batch matmuls sit behind reshape views), and on CPU a contraction
-# whose epilogue sits behind a unit reshape (every Linear of a 3-D input as the PyTorch
-# importer emits it: matmul, bias, reshape, GELU; measured in docs/benchmarks.md, "Epilogues
-# through unit reshapes"). Walking views into any class changed the CUDA plan of an LSTM into
-# kernels of three recurrent steps, and into contractions bert's and gpt2's CUDA head-split
-# groups (both unmeasured: no GPU here; not taken).
+# Free groups (views) a vertical merge may step through at once (``push_through_views``), into
+# the kernel kinds whose card allows it on the target (``Card.through_views``). Walking views
+# into any kind changed the CUDA plan of an LSTM into kernels of three recurrent steps
+# (unmeasured: no GPU here; not taken).
 _MAX_VIEWS = 4
-_THROUGH_VIEWS = {"cpu": (SC.ATTENTION, SC.CONTRACTION), "cuda": (SC.ATTENTION,)}
 
 Model = Callable[..., Estimate]
 # A GroupFeatures' fields as one tuple, hashed and compared in C (the dataclass's own
@@ -224,9 +219,8 @@ def plan_greedy(
         parts = [first, *chain, last]
         union = frozenset().union(*(q.members[g] for g in parts))
         gain = _gain([price.estimate(q.members[g]) for g in parts], price.estimate(union))
-        kind = price.features[union].schedule_on(target.kind)
-        walks = _THROUGH_VIEWS["cuda" if target.kind == "cuda" else "cpu"]
-        if gain > 0 and kind in walks:
+        card = price.features[union].card_on(target.kind)
+        if gain > 0 and target_kind(target.kind) in card.through_views:
             via = tuple((g, q.members[g]) for g in parts[1:])
             heapq.heappush(heap, (-gain, order, next(counter), "vertical", first, last,
                                   q.members[first], q.members[last], via))

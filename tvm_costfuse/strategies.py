@@ -22,6 +22,7 @@ from tvm import relax
 
 from .pipelines import scheduled_pipeline
 from .rules import RulesFuse
+from .targets import compile_target, preset_names
 from .transform import CostFuse
 
 STRATEGIES = ("stock", "none", "tvm", "rules", "costfuse")
@@ -64,10 +65,13 @@ def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None,
     ``fusion``: a pass to stand in the fusion slot instead of the strategy's own (e.g.
     ``ApplyPartition`` of a plan made beforehand, so what is built is what was reported).
     """
-    target = tvm.target.Target(target)
+    spec, target = target, compile_target(target)
     strategy, variant = split_strategy(strategy)
     config = {**variant, **config}
     if strategy == "stock":
         return relax.get_default_pipeline(target)
-    fusion = fusion or fusion_pass(strategy, cost_target or target, **config)
+    # a preset name keeps its own description ("h200"; its compile target says only sm_90)
+    named = isinstance(spec, str) and spec.strip().lower() in (*preset_names(), "cuda")
+    fusion = fusion or fusion_pass(strategy, cost_target or (spec if named else target),
+                                   **config)
     return scheduled_pipeline(target, fusion)

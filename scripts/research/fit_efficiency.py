@@ -1,7 +1,7 @@
 """Fit ``schedules/efficiency.py``'s constants (K0, E_PATH) to measured kernels; print the fit.
 
 The measured share of the FMA-chain peak per kernel is ``scripts/bench_kernels.py --peak``'s
-``tvm/peak`` column as docs/benchmarks.md records it (1 thread, emeraldrapids, AVX-512: the
+``tvm/peak`` column as docs/log/2026-12-01a.md records it (1 thread, emeraldrapids, AVX-512: the
 quiet GEMM run of 12:10 UTC and the conv run of 15:38 UTC). The geometry of each kernel is
 read the way the cost model reads it (``graph.build_graph`` on the prepared module), so the
 fit sees exactly what the planner will. Prints each kernel's predicted and measured share, the
@@ -31,7 +31,7 @@ from tvm_costfuse.graph import build_graph  # noqa: E402
 from tvm_costfuse.pipelines import prepare  # noqa: E402
 from tvm_costfuse.schedules import efficiency  # noqa: E402
 
-# tvm/peak per kernel, from docs/benchmarks.md (sections "Contractions at library speed on
+# tvm/peak per kernel, from docs/log/2026-12-01a.md (sections "Contractions at library speed on
 # CPU" and "Direct convolution kernel on CPU"). The depthwise conv is left out: its kernel
 # is being replaced.
 MEASURED = {
@@ -50,7 +50,7 @@ MEASURED = {
 }
 
 # tvm/peak of mobilenet_v2's 1x1 convolutions that take the GEMM kernel with merged columns,
-# (in channels, out channels, height = width): docs/benchmarks.md "Pointwise convolutions"
+# (in channels, out channels, height = width): docs/log/2026-12-01b.md "Pointwise convolutions"
 # (bench_kernels.py --peak, 1 thread, 19:44 UTC, load average 1.9-2.2).
 POINTWISE = {(32, 16, 112): 0.48, (16, 96, 112): 0.46, (96, 24, 56): 0.68, (24, 144, 56): 0.56,
              (144, 24, 56): 0.53, (144, 32, 28): 0.62, (32, 192, 28): 0.56,

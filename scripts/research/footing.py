@@ -35,7 +35,7 @@ from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.features import GroupFeatures
 from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _usable, measured_seconds, train_rows
 from tvm_costfuse.targets import for_target, host_target
-from tvm_costfuse.tuning.database import GroupDatabase
+from tvm_costfuse.records.database import GroupDatabase
 
 _EDGES = (2e-5, 2e-4, 2e-3)  # seconds: the size buckets of the class correction
 _SHRINK = 10

@@ -30,7 +30,7 @@ from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measurement.timing import interleave
 from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.schedules.prepack import mark_constant_weights
-from tvm_costfuse.tuning.database import GroupDatabase
+from tvm_costfuse.records.database import GroupDatabase
 from tvm_costfuse.tuning.feedback import group_kernel_and_outputs, schedule_kernel
 
 

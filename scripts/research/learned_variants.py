@@ -57,7 +57,7 @@ import xgboost as xgb
 from tvm_costfuse import models
 from tvm_costfuse.cost import learned
 from tvm_costfuse.targets import for_target, host_target
-from tvm_costfuse.tuning.database import GroupDatabase, default_work_dir
+from tvm_costfuse.records.database import GroupDatabase, default_work_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval_cost_model import _pairs
@@ -312,7 +312,7 @@ def _per_store(d: Data) -> np.ndarray:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tvm_costfuse.tuning.database import workload_hash
+    from tvm_costfuse.records.database import workload_hash
 
     target = host_target()
     db = GroupDatabase(default_work_dir(target)).ms_database

@@ -20,7 +20,7 @@ import tvm_costfuse.measurement  # noqa: F401 -- registers the calibration measu
 from tvm_costfuse.cost import analytical
 from tvm_costfuse.cost.features import GroupFeatures
 from tvm_costfuse.targets import host
-from tvm_costfuse.tuning.database import GroupDatabase
+from tvm_costfuse.records.database import GroupDatabase
 
 
 def main() -> None:

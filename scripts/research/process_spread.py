@@ -20,7 +20,7 @@ import numpy as np
 
 from tvm_costfuse import host_target
 from tvm_costfuse.cost.learned import measured_seconds
-from tvm_costfuse.tuning.database import default_work_dir
+from tvm_costfuse.records.database import default_work_dir
 from tvm_costfuse.tuning.side_by_side import read_pairs
 
 _PARTS = ("left", "right", "union")

@@ -23,7 +23,7 @@ its decisions are worth. The *stake* of a pair is the measured time it puts at s
 (|left + right - union|, or the in-model split and fused times' difference), and the
 stake-weighted accuracy is the share of all stakes a model decides right: what end-to-end
 time sees. On the corpus most pairs are cheap and most stakes sit in a few contractions and
-attention groups, which is where the learned model seldom answers (docs/benchmarks.md).
+attention groups, which is where the learned model seldom answers (docs/log/2026-12-02.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from ..graph import OpGraph
 from ..schedules.attention import MAX_KEYS
 from ..schedules.math_calls import NESTED_CALL_FACTOR
-from .features import GroupFeatures, _elems, _is_window, _itemsize, op_class
+from .features import GroupFeatures, OpWork, _elems, _is_window, _itemsize, op_class
 
 
 def _is_move(node, cls: str) -> bool:
@@ -93,8 +93,8 @@ class _NodeFacts:
         self.itemsize = _itemsize(node.outputs[0].dtype) if node.outputs else None
         self.is_call, self.view = node.kind == "call_tir", node.view
         # ``op_work`` entries, outside a prologue and in one.
-        self.work = tuple((self.contraction, node.flops, self.elems, p, node.math,
-                           node.geometry) for p in (False, True))
+        self.work = tuple(OpWork(self.contraction, node.flops, self.elems, p, node.math,
+                                 node.geometry) for p in (False, True))
 
 
 def _facts(graph: OpGraph) -> dict[str, _NodeFacts]:
@@ -121,12 +121,12 @@ def _index(f: _NodeFacts) -> int:
     return f.index
 
 
-def _work(f: _NodeFacts, in_prologue: bool, nested: set[str]) -> tuple:
+def _work(f: _NodeFacts, in_prologue: bool, nested: set[str]) -> OpWork:
     """``f``'s ``op_work`` entry; a nested math call is priced as the libm call it stays."""
     if f.name not in nested:
         return f.work[in_prologue]
-    return (f.contraction, f.flops, f.elems, in_prologue, f.math * NESTED_CALL_FACTOR,
-            f.node.geometry)
+    return OpWork(f.contraction, f.flops, f.elems, in_prologue, f.math * NESTED_CALL_FACTOR,
+                  f.node.geometry)
 
 
 def _prologue(facts: dict[str, _NodeFacts], member, contractions: list) -> list[_NodeFacts]:
@@ -147,7 +147,7 @@ def regroups_scores(graph: OpGraph, f: _NodeFacts) -> bool:
     ``(B * nW, heads, 49, 49) -> (B, nW, heads, 49, 49)`` to add the shifted-window mask, and
     back). Inlined into the fused kernel, every score read carries its div/mod indices:
     swin_t's windowed attention kernels ran 45 ms against FuseOps' 33 ms for the same heads
-    split (``kernel_profile.py``, docs/benchmarks.md). A unit reshape is no such regrouping."""
+    split (``kernel_profile.py``, docs/log/2026-12-01b.md). A unit reshape is no such regrouping."""
     return f.node.reshape_like and not _unit_reshape(graph, f.node)
 
 

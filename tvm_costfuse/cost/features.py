@@ -10,9 +10,13 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 from ..graph import Node, OpPattern
+from ..schedules import catalog
+from ..schedules.card import Card
 from ..schedules.classes import ScheduleClass as SC
+from ..schedules.efficiency import Geometry
 
 _log = logging.getLogger(__name__)
 # Context fields already reported missing from a stored row (one warning per field).
@@ -63,6 +67,25 @@ def _elems(node: Node) -> int:
     return sum((t.nbytes or 0) // _itemsize(t.dtype) for t in node.outputs)
 
 
+class OpWork(NamedTuple):
+    """One member's work inside a group: each op's loop keeps its own parallelism inside a
+    fused kernel, so compute time is summed per op, not over the largest output. A tuple,
+    stored in JSON rows as a list (older rows lack the last fields: their defaults)."""
+
+    contraction: bool
+    flops: float
+    elems: int  # output elements: the op's parallelism
+    in_prologue: bool = False  # feeds a contraction: on CPU its own loop nest, not the tile
+    math: float = 0.0  # exp-equivalents (``schedules.math_calls.MATH_COST``)
+    geometry: Geometry | None = None  # a contraction's block (``schedules.efficiency``)
+
+    @classmethod
+    def of(cls, value) -> OpWork:
+        """An entry from its stored form."""
+        work = cls(*value)
+        return work._replace(geometry=Geometry.of(work.geometry)) if work.geometry else work
+
+
 @dataclass(frozen=True)
 class GroupFeatures:
     """Plain numbers describing one group (a single op is a group of one)."""
@@ -101,11 +124,8 @@ class GroupFeatures:
     moves_after_reduction: int = 0
     # Reshape-like members TVM turns into a view when they are left alone (``Node.view``).
     view_ops: int = 0
-    # (is_contraction, FLOPs, output elements, in_prologue, math) per op: each op's loop keeps
-    # its own parallelism inside a fused kernel, so compute time is summed per op, not over the
-    # largest output; a prologue op runs in its own loop nest on CPU, not in the contraction's
-    # tile.
-    op_work: tuple[tuple, ...] = ()
+    # Each member's work (:class:`OpWork`).
+    op_work: tuple[OpWork, ...] = ()
     # softmax(...) V with the scores computed in the group or read, as the CPU attention rule
     # schedules it (``extract._is_attention``; ``schedules/attention.py``).
     attention: bool = False
@@ -141,18 +161,17 @@ class GroupFeatures:
             if f.name in context:
                 v = context[f.name]
                 values[f.name] = _tupled(v)
-                if f.name == "op_work":  # older rows lack in_prologue, math, geometry
-                    values[f.name] = tuple(w + (False, 0.0, None)[len(w) - 3:] if len(w) < 6
-                                           else w for w in values[f.name])
+                if f.name == "op_work":
+                    values[f.name] = tuple(OpWork.of(w) for w in values[f.name])
             elif f.name in by_name:
                 values[f.name] = (float if f.type in ("float", float) else int)(by_name[f.name])
         return cls(**values)
 
     @functools.cached_property  # asked several times per estimate; fields never change
     def schedule(self) -> SC:
-        """Which schedule class the group lands in (CPU rules and dlight alike): one
-        contraction with spatial producers/epilogue, reductions with epilogues, elementwise,
-        or the fallback that leaves contractions unblocked and intermediates materialized."""
+        """The group's form before a target decides its kernel (the cards' claims read it):
+        one contraction with an elementwise epilogue, with producers (a prologue) or with a
+        reshaping epilogue; reductions with epilogues; elementwise; else the fallback."""
         if self.n_contractions == 0:
             if self.window_reductions and self.n_ops > 1:
                 # Row-reduction rules schedule reductions over an axis; a pooling window
@@ -160,64 +179,25 @@ class GroupFeatures:
                 # BN + ReLU ran 1.25x slower on CPU).
                 return SC.FALLBACK
             return SC.REDUCTION if self.n_reductions else SC.ELEMENTWISE
-        # Contraction rules (ours on CPU, dlight's Matmul on CUDA) take one contraction with an
-        # elementwise epilogue; reshaping epilogues and prologues: see ``schedule_on``.
         if self.n_contractions == 1 and self.n_reductions == 0:
             if self.prologue_ops:
                 return SC.CONTRACTION_PROLOGUE
             return SC.CONTRACTION if not self.reshaping_ops else SC.CONTRACTION_RESHAPE
         return SC.FALLBACK
 
+    def card_on(self, kind: str) -> Card:
+        """The card of the kernel this group becomes on a target kind (``"cpu"``, ``"cuda"``):
+        the first in ``schedules.catalog`` that claims it. Each card says why it claims what
+        it claims, with the measurements behind it."""
+        key = "_card_cuda" if kind == "cuda" else "_card_cpu"
+        card = self.__dict__.get(key)
+        if card is None:  # cached in the instance: asked once per estimate and per merge
+            card = self.__dict__[key] = catalog.claim(self, kind)
+        return card
+
     def schedule_on(self, kind: str) -> SC:
-        """The schedule class on a target kind.
-
-        A contraction with data-movement or elementwise producers (a prologue) or with a
-        reshaping epilogue is scheduled differently per target:
-
-        - CUDA: dlight's Matmul rule inlines data-movement producers (transpose, reshape,
-          split) into its operand loads and keeps its tiled kernel for reshape and transpose
-          epilogues (ptxas: gpt2_block's projection matmul uses 64 registers and 6912 B of
-          shared memory with and without its head-merging transpose prologue, full and small
-          shapes; ``tests/test_transform.py`` compiles the zoo). Computing prologues would be
-          re-evaluated per operand load (unmeasured on CUDA): fallback.
-        - CPU: our rule keeps producers as one streamed packing pass (a conv's pad absorbs a
-          BN + ReLU prologue; ``contraction+stream``: those intermediates still reach memory;
-          measured fused/unfused 0.78-1.03 per kernel). A data-movement epilogue (transpose,
-          reshape) falls back: per kernel it measured neutral, but inside bert_layer each of
-          its three head-split/merge groups made the model slower (0.4, 1.1 and 2.2 ms of
-          22.5; ablation in docs/benchmarks.md).
-        - CPU: our row-reduction rule needs every block on the rows of the last one, so a
-          reduction group that hands out a second tensor (an elementwise member read outside
-          the group besides the reduced result) or transposes after its reduction falls back
-          (a reshape keeps the rows): applying the rules
-          to the 150 measured reduction groups of the zoo and the synthetic programs (49 fell
-          back, 101 took the rule, no disagreement; synth-0's ``mul + mul1 + square1 + mean1``
-          measured 2.6x slower fused than its parts); ``tests/test_features.py`` repeats the
-          check on two small programs.
-        - CPU: attention (``attention``: a softmax over the keys feeding P V, the scores
-          computed in the group or read; one output) gets its own rule, one parallel loop
-          over batch x query-row blocks. Measured fused against the split kernels in
-          ``cost/analytical.py``. On CUDA dlight has no such rule: the fallback, as before.
-        - Both: a split epilogue (several elements of one tuple read after the contraction;
-          ``tuple_items``) lands in the fallback: TVM 0.27 fails to lower it on CUDA
-          ("matmul_intermediate_reindex is used before its definition") and our CPU rule
-          declines a contraction with several consumers (measured 54x slower: gpt2_block's
-          Q/K/V projection).
-        """
-        if self.attention and kind != "cuda":
-            return SC.ATTENTION
-        schedule = self.schedule
-        if schedule == SC.REDUCTION and kind != "cuda" and (
-                self.n_outputs > 1 or self.moves_after_reduction):
-            return SC.FALLBACK
-        if schedule not in (SC.CONTRACTION_RESHAPE, SC.CONTRACTION_PROLOGUE):
-            return schedule
-        if self.tuple_items:
-            return SC.FALLBACK
-        if kind == "cuda":
-            return SC.FALLBACK if self.prologue_compute else SC.CONTRACTION
-        return SC.CONTRACTION_STREAM if schedule == SC.CONTRACTION_PROLOGUE and not (
-            self.reshaping_ops) else SC.FALLBACK
+        """The schedule class on a target kind (:meth:`card_on`'s)."""
+        return self.card_on(kind).cls
 
 
 _NOT_LEARNED = ("boundary_sizes", "tuple_items", "prologue_compute",

@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from ..models.synthetic import PREFIX, is_synthetic
+from ..records.database import SHIPPED_LOGS, GroupDatabase, default_work_dir
 from ..schedules.classes import FINAL
 from ..targets import host
-from ..tuning.database import SHIPPED_LOGS, GroupDatabase, default_work_dir
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
 from .features import FEATURE_NAMES, GroupFeatures
@@ -306,7 +306,7 @@ def _architecture_weights(rows: Sequence[dict]) -> np.ndarray:
     """One unit of weight per architecture (``name@small`` and ``name`` are one), spread over
     its usable rows: a convnet with 50 blocks would otherwise outvote every other model, and
     what the trees learn must carry to the next architecture (leave one model out:
-    0.84 -> 0.86 decision accuracy, docs/benchmarks.md)."""
+    0.84 -> 0.86 decision accuracy, docs/log/2026-11-29b.md)."""
     arch = [_architecture(r["model"]) for r in filter(_usable, rows)]
     counts = Counter(arch)
     w = np.asarray([1.0 / counts[a] for a in arch])
@@ -343,7 +343,7 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     programs (``synth-<seed>``) are left out unless ``synthetic``: they are the evaluation's
     unseen programs, and training on them lowered the learned model's accuracy on held-out
     synthetic programs (0.74-0.81 against 0.81 without) and left it below the analytical
-    model on the zoo (shallow trees answering everywhere; docs/benchmarks.md).
+    model on the zoo (shallow trees answering everywhere; docs/log/2026-11-29b.md).
     """
     target = target or host()
     rows = [r for r in GroupDatabase(work_dir).rows()

@@ -5,7 +5,7 @@ trained on, but the measurements themselves do, where a workload recurs (bert_la
 gpt2_block share their projections, mlp_gelu and layernorm_mlp their matmuls). Leave one architecture out,
 answering each held-out group from other architectures' measurements of the same group and
 every other group analytically decided 0.918 of the measured pairs right, the analytical model
-alone 0.886 (``scripts/eval_cost_model.py evaluate``, docs/benchmarks.md). The learned model
+alone 0.886 (``scripts/eval_cost_model.py evaluate``, docs/log/2026-11-29b.md). The learned model
 (``cost.learned``) now builds on the same finding -- its trees answer only near a measured
 group -- and this model stays as its exact-match form, with no trees and no training.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tuning.database import GroupDatabase
+from ..records.database import GroupDatabase
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
 from .features import GroupFeatures

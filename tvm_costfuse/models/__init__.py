@@ -1,6 +1,6 @@
 """Models: every workload CostFuse compiles, resolved by name through one registry.
 
-- ``zoo``       -- ten hand-written ``relax.frontend.nn`` workloads (the unit-test substrate);
+- ``zoo``       -- eleven hand-written ``relax.frontend.nn`` workloads (the unit-test substrate);
 - ``synthetic`` -- random programs over the zoo's op vocabulary, named ``synth-<seed>``;
 - ``blocks``    -- the building blocks both share; ``export``: nn module -> bound IRModule;
 - ``frontends`` -- PyTorch (``torch.export``) and ONNX importers (optional extras);

@@ -148,3 +148,40 @@ class RMSNormExplicit(nn.Module):
         return x * inv * self.weight
 
 
+class DecodeAttention(nn.Module):
+    """One decode step's attention as a GQA decoder runs it (Llama, Qwen2): the new token's
+    query and key rotated (``x cos + rotate_half(x) sin``), its key and value concatenated
+    onto KV caches of ``past`` tokens, repeated over the ``group`` query heads sharing each KV
+    head (``repeat_kv``: expand_dims, broadcast_to, reshape), the keys transposed, then
+    ``softmax(q K^T / sqrt(d) + mask) V`` for the one query row. The caches are inputs, as a
+    deployed step passes them; the mask is an additive one over the keys."""
+
+    def __init__(self, kv_heads: int, group: int, past: int, d: int) -> None:
+        self.kv_heads, self.group, self.keys, self.d = kv_heads, group, past + 1, d
+        self.cos = nn.Parameter((1, 1, 1, d), _F32)
+        self.sin = nn.Parameter((1, 1, 1, d), _F32)
+
+    def init_param(self, attr: str, shape: tuple[int, ...], rng: np.random.Generator):
+        """cos and sin of one position's rotary angles, not random."""
+        angle = rng.random(shape) * math.pi
+        return np.cos(angle) if attr == "cos" else np.sin(angle)
+
+    def _rotate(self, x: nn.Tensor) -> nn.Tensor:
+        half, op = self.d // 2, relax.op
+        lo = emit(op.strided_slice(x._expr, [3], [0], [half]), "rot_lo")
+        hi = emit(op.strided_slice(x._expr, [3], [half], [self.d]), "rot_hi")
+        turned = nn.op.concat([nn.op.negative(hi), lo], dim=3)
+        return x * self.cos + turned * self.sin
+
+    def _repeat(self, x: nn.Tensor) -> nn.Tensor:
+        shape = (1, self.kv_heads, self.group, self.keys, self.d)
+        x = nn.op.broadcast_to(emit(relax.op.expand_dims(x._expr, 2), "expand"), shape)
+        return nn.op.reshape(x, (1, self.kv_heads * self.group, self.keys, self.d))
+
+    def forward(self, q: nn.Tensor, k: nn.Tensor, v: nn.Tensor, cache_k: nn.Tensor,
+                cache_v: nn.Tensor, mask: nn.Tensor) -> nn.Tensor:
+        keys = self._repeat(nn.op.concat([cache_k, self._rotate(k)], dim=2))
+        values = self._repeat(nn.op.concat([cache_v, v], dim=2))
+        scores = nn.op.matmul(self._rotate(q), nn.op.permute_dims(keys, [0, 1, 3, 2]))
+        scores = scores * (1 / math.sqrt(self.d)) + mask
+        return nn.op.matmul(nn.op.softmax(scores, axis=-1), values)

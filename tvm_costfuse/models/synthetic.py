@@ -2,7 +2,7 @@
 
 Why: leave-one-architecture-out over the ten zoo models showed that what XGBoost learns from
 nine architectures' kernels does not carry to the tenth better than the analytical terms do
-(docs/benchmarks.md). Ten architectures are few examples of "a model". Random programs
+(docs/log/2026-11-29b.md). Ten architectures are few examples of "a model". Random programs
 built from the zoo's op vocabulary -- linear layers with prologues and epilogues, norms spelled
 out and as single ops, softmax whole and in pieces, attention heads, transposes, elementwise
 math, per-channel affines, conv + batch norm + activation (dense and depthwise), residual

@@ -1,4 +1,4 @@
-"""The zoo: ten hand-written Relax workloads (``relax.frontend.nn``), a unit-test substrate.
+"""The zoo: eleven hand-written Relax workloads (``relax.frontend.nn``), a unit-test substrate.
 
 Every model is exported as an IRModule with a single Relax function ``main`` whose parameters
 are only the model inputs; the weights are random but deterministic (seeded from the model
@@ -23,6 +23,7 @@ from .blocks import (
 )
 from .blocks import (
     ConvBNAct,
+    DecodeAttention,
     RMSNormExplicit,
     SelfAttention,
     attention_core,
@@ -315,6 +316,15 @@ def _elementwise_chain(small: bool) -> _Spec:
     return _Spec(ElementwiseChain(shape[-1]), {"x": shape})
 
 
+def _decode_attention(small: bool) -> _Spec:
+    # Qwen2-0.5B's attention (14 query heads on 2 KV heads, head dim 64), 1024 past tokens.
+    kv_heads, group, past, d = (2, 2, 15, 16) if small else (2, 7, 1024, 64)
+    one, cache = (1, kv_heads, 1, d), (1, kv_heads, past, d)
+    return _Spec(DecodeAttention(kv_heads, group, past, d),
+                 {"q": (1, kv_heads * group, 1, d), "k": one, "v": one, "cache_k": cache,
+                  "cache_v": cache, "mask": (1, 1, 1, past + 1)})
+
+
 _MODELS: dict[str, Callable[[bool], _Spec]] = {
     "mlp_gelu": _mlp_gelu,
     "attention": _attention,
@@ -326,15 +336,18 @@ _MODELS: dict[str, Callable[[bool], _Spec]] = {
     "layernorm_mlp": _layernorm_mlp,
     "rmsnorm": _rmsnorm,
     "elementwise_chain": _elementwise_chain,
+    "decode_attention": _decode_attention,
 }
 
 # The corpus family (``corpus.FAMILIES``) each zoo model's blocks come from, so that a
 # leave-one-family-out evaluation holds a zoo model out with the real models it resembles.
-# The FFN blocks are the encoders' (GELU); the RMS norm is the LLaMA-style decoders'.
+# The FFN blocks are the encoders' (GELU); the RMS norm is the LLaMA-style decoders'; the
+# decode step's attention is the decode steps' (one token against a KV cache).
 FAMILIES: dict[str, str] = {
     "mlp_gelu": "encoder", "attention": "encoder", "conv_bn_relu": "cnn", "resnet18": "cnn",
     "mobilenetv2": "cnn", "bert_layer": "encoder", "gpt2_block": "decoder",
     "layernorm_mlp": "encoder", "rmsnorm": "decoder", "elementwise_chain": "elementwise",
+    "decode_attention": "decode",
 }
 
 

@@ -38,8 +38,8 @@ from ..strategies import strategy_pipeline
 from ..targets import host_target
 from .cells import is_shape_func
 
-__all__ = ["DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "eager_sampler", "table",
-           "workload"]
+__all__ = ["DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "disturbed", "eager_sampler",
+           "speedup", "table", "workload"]
 
 OURS = ("none", "tvm", "costfuse")
 PEERS = ("eager", "ort")
@@ -142,9 +142,10 @@ def _first_output(out) -> np.ndarray:
     return out.detach().numpy() if hasattr(out, "detach") else np.asarray(out)
 
 
-def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS,
-          peers=PEERS) -> dict:
-    """One model's row: kernels per strategy, and per thread count ms and error per column."""
+def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, peers=PEERS,
+          timed_at: Callable[[int], None] | None = None) -> dict:
+    """One model's row: kernels per strategy, and per thread count ms and error per column;
+    ``timed_at(t)`` is called as each thread count's columns are timed (a progress bar)."""
     row: dict = {"model": w.name, "family": w.family, "kernels": {}, "ms": {}, "failed": {},
                  "err": {}, "other_load": {}}
     ref = None
@@ -190,6 +191,8 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS,
         row["other_load"][str(t)] = load.cores
         for k, v in timed.items():
             row["ms"][k] = float(np.median(v)) * 1e3
+        if timed_at is not None:
+            timed_at(t)
     return row
 
 
@@ -212,6 +215,15 @@ def _wrong(row: dict) -> set[str]:
 
 def disturbed(row: dict) -> bool:
     return max(row.get("other_load", {}).values(), default=math.nan) > DISTURBED_CORES
+
+
+def speedup(row: dict, num: str, den: str, threads: int) -> float | None:
+    """``den``'s ms over ``num``'s at ``threads`` (above 1: ``num`` is faster); None where
+    either column is missing or WRONG."""
+    a, b = f"{num}@{threads}", f"{den}@{threads}"
+    if a not in row.get("ms", {}) or b not in row["ms"] or _wrong(row) & {a, b}:
+        return None
+    return row["ms"][b] / row["ms"][a]
 
 
 def table(rows: list[dict], threads: list[int], ours=OURS, peers=PEERS) -> str:
@@ -247,9 +259,7 @@ def table(rows: list[dict], threads: list[int], ours=OURS, peers=PEERS) -> str:
     for t in threads:
         for num in [s for s in ours if s.startswith("costfuse")]:
             for den in [s for s in (*ours, *peers) if s != num and not s.startswith("costfuse")]:
-                ratios = [r["ms"][f"{den}@{t}"] / r["ms"][f"{num}@{t}"] for r in ok
-                          if f"{den}@{t}" in r["ms"] and f"{num}@{t}" in r["ms"]
-                          and not _wrong(r) & {f"{den}@{t}", f"{num}@{t}"}]
+                ratios = [x for r in ok if (x := speedup(r, num, den, t)) is not None]
                 if ratios:
                     lines.append(f"- {t} thread(s): {num} speedup over {den}: geomean "
                                  f"{geomean(ratios):.2f}x, min {min(ratios):.2f}x "

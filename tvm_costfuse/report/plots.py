@@ -1,5 +1,5 @@
-"""Plots of compare cells (matplotlib, an optional extra): speedup per model and strategy,
-registers and spills per CUDA kernel."""
+"""Plots (matplotlib, an optional extra): of compare cells, speedup per model and strategy,
+registers and spills per CUDA kernel; of bench rows, CostFuse's speedup over each column."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 from .cells import Cell
 from .tables import speedups
 
-__all__ = ["plot_registers", "plot_speedup"]
+__all__ = ["plot_bench", "plot_registers", "plot_speedup"]
 
 
 def plot_speedup(cells: Sequence[Cell], path: str | os.PathLike, target: str,
@@ -87,6 +87,40 @@ def plot_registers(cells: Sequence[Cell], path: str | os.PathLike,
     for ax in axes[:, 0]:
         ax.set_ylabel("registers / thread", fontsize=8)
     fig.suptitle(f"{target}: ptxas registers per kernel (red: spills)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return str(path)
+
+
+def plot_bench(rows: Sequence[dict], threads: Sequence[int], path: str | os.PathLike,
+               num: str, columns: Sequence[str]) -> str | None:
+    """Grouped bars: ``num``'s speedup over each of ``columns`` per model and thread count
+    (``costfuse bench`` rows; a missing or WRONG column is no bar, a busy row is labelled);
+    None, and no file, where no column has a ratio to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .bench import disturbed, speedup
+
+    groups = [(r, t) for r in rows if "error" not in r for t in threads]
+    bars = {c: [speedup(r, num, c, t) for r, t in groups] for c in columns if c != num}
+    bars = {c: ys for c, ys in bars.items() if any(y is not None for y in ys)}
+    if not bars:
+        return None
+    width = 0.8 / max(1, len(bars))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(groups) * len(bars) + 2), 4.2))
+    for i, (den, ys) in enumerate(bars.items()):
+        ax.bar(np.arange(len(groups)) + (i - (len(bars) - 1) / 2) * width,
+               [np.nan if y is None else y for y in ys], width, label=den)
+    ax.axhline(1.0, color="k", lw=0.8)
+    labels = [f"{r['model']}{' (busy)' if disturbed(r) else ''} @{t}" for r, t in groups]
+    ax.set_xticks(np.arange(len(groups)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"column ms / {num} ms (> 1: {num} faster)")
+    ax.set_title(f"measured speedup of {num} over each column", fontsize=10)
+    ax.legend(fontsize=8, ncol=min(5, max(1, len(bars))))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

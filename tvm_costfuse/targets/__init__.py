@@ -40,7 +40,7 @@ from .machine import host, host_caches, host_target
 
 __all__ = [
     "A100", "CALIBRATION_PATH", "CPU", "CUDA", "H100", "H200", "KiB", "MiB", "Target",
-    "TargetDesc", "cuda_target", "for_target", "host", "host_caches", "host_cpu",
+    "TargetDesc", "compile_target", "cuda_target", "for_target", "host", "host_caches", "host_cpu",
     "host_cpu_model", "host_target", "isa", "load_calibration", "preset", "preset_names",
     "resolve", "save_calibration",
 ]
@@ -134,31 +134,47 @@ def resolve(spec=None, *, gpu: str | None = None, desc: TargetDesc | None = None
         return spec if desc is None else Target(spec.tvm, desc)
     if isinstance(spec, TargetDesc):
         return Target(spec.tvm_target(), desc or spec)
+    key = spec.strip().lower() if isinstance(spec, str) else None
+    if key in ("host", "llvm"):
+        target = host_target()
+        return Target(target, desc or for_target(target))
+    target = compile_target(spec, gpu)
+    key = gpu or DEFAULT_GPU if key == "cuda" else key
+    if key in GPU_PRESETS:
+        return Target(target, desc or GPU_PRESETS[key])
+    return Target(target, desc or for_target(target, gpu))
+
+
+def compile_target(spec=None, gpu: str | None = None) -> tvm.target.Target:
+    """What to compile ``spec`` for, without describing it for pricing: what the pipelines
+    take. As :func:`resolve` does, except that a plain ``"llvm"`` keeps TVM's meaning (generic
+    x86-64, what ``tvm.compile(target="llvm")`` compiles for: a pipeline must schedule for
+    the ISA the module is compiled for); ``"host"`` is this CPU."""
+    if isinstance(spec, Target):
+        return spec.tvm
+    if isinstance(spec, TargetDesc):
+        return spec.tvm_target()
     if spec is None:
         current = tvm.target.Target.current()
         if current is None:
             raise ValueError("no target given and none current: pass a target or run under "
                              "`with tvm.target.Target(...)`")
-        spec = current
+        return current
     if isinstance(spec, str) and not spec.strip().startswith("{"):
         key = spec.strip().lower()
-        if key in ("host", "llvm"):
-            target = host_target()
-            return Target(target, desc or for_target(target))
+        if key == "host":
+            return host_target()
         if key == "cuda":
             key = gpu or DEFAULT_GPU
         if key in GPU_PRESETS:
-            d = GPU_PRESETS[key]
-            return Target(d.tvm_target(), desc or d)
-    if isinstance(spec, str) and not spec.strip().startswith("{"):
+            return GPU_PRESETS[key].tvm_target()
         spec = _cli_form(spec)
     try:
-        target = tvm.target.Target(spec)
+        return tvm.target.Target(spec)
     except Exception as err:
         raise ValueError(f"unknown target {spec!r}; valid names: "
                          f"{', '.join([*preset_names(), 'llvm', 'cuda'])}, or a target such as "
                          "'llvm -mcpu=znver3' or 'cuda -arch=sm_90'") from err
-    return Target(target, desc or for_target(target, gpu))
 
 
 def _cli_form(text: str) -> dict | str:

@@ -1,7 +1,6 @@
-"""Tuning: the feedback loop that measures candidate groups into ``tuning_logs/``.
+"""Tuning: the feedback loop that measures candidate groups into ``tuning_logs/`` (through
+``records/``: the database and its integrity).
 
-- ``database``     -- meta-schedule ``JSONDatabase`` per target plus the features log;
-- ``integrity``    -- one writer per folder (a file lock), repair of what a kill leaves;
 - ``feedback``     -- candidate groups of a model, measured and recorded;
 - ``in_model``     -- a plan's final decisions, each timed fused and split inside the model;
 - ``side_by_side`` -- candidate decisions, each decision's three kernels timed together;

@@ -51,11 +51,7 @@ from ..graph import OpGraph, build_graph
 from ..partition import apply_partition
 from ..pipelines import prepare
 from ..planner import plan_greedy
-from ..schedules import finish_pass, first_rule
-from ..schedules.cuda import GuardedRule, gpu_rules
-from ..schedules.prepack import mark_constant_weights
-from ..targets import resolve
-from .database import (
+from ..records.database import (
     FAILED_RUN_SECS,
     GroupDatabase,
     default_work_dir,
@@ -64,6 +60,9 @@ from .database import (
     symbolic_dims,
     workload_hash,
 )
+from ..schedules import backend, first_rule
+from ..schedules.prepack import mark_constant_weights
+from ..targets import resolve
 from .runners import (
     MeasureConfig,
     _gpu_present,
@@ -149,29 +148,16 @@ def group_kernel_and_outputs(prepared: tvm.IRModule, graph: OpGraph, members: It
 
 
 def schedule_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
-    """(scheduled PrimFunc, trace) from our CPU rules, or dlight's GPU rules on a CUDA target,
-    first that applies wins (as dlight's ApplyDefaultSchedule); (func, empty trace) when none
-    applies. On a CPU the kernel, scheduled or not, then goes through ``finish_pass`` as in a
-    model's build, so what is timed is the kernel the model runs; the trace is the rules'
-    alone (a database record replays it, and the build finishes it the same way)."""
-    if target.kind.name == "cuda":
-        sch = None
-        for rule in (GuardedRule(r) for r in gpu_rules()):
-            sch = rule.apply(func, target, False)
-            sch = (sch[0] if sch else None) if isinstance(sch, list) else sch
-            if sch is not None:
-                break
-    else:
-        sch = first_rule(func, target)[1]
+    """(scheduled PrimFunc, trace) from the target's rules (``schedules.first_rule``: ours on
+    a CPU, dlight's on CUDA), or (func, empty trace) when none applies. The kernel, scheduled
+    or not, then goes through the backend's finishing passes as in a model's build, so what
+    is timed is the kernel the model runs; the trace is the rules' alone (a database record
+    replays it, and the build finishes it the same way)."""
+    finish = backend(target).finish
+    sch = first_rule(func, target)[1]
     if sch is not None:
-        return _finished(sch.mod["main"], target), sch.trace
-    return _finished(func, target), tvm.s_tir.Schedule(func).trace
-
-
-def _finished(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
-    if target.kind.name == "cuda":
-        return func
-    return finish_pass()(tvm.IRModule({"main": func}))["main"]
+        return finish(sch.mod["main"]), sch.trace
+    return finish(func), tvm.s_tir.Schedule(func).trace
 
 
 def feature_row(model: str, graph: OpGraph, members, features=None) -> dict:

@@ -31,9 +31,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from .. import pipelines
 from ..pipelines import build_pipeline
+from ..records.database import target_dir
 from ..schedules import schedule_pass
 from ..strategies import fusion_pass
-from .database import target_dir
 
 __all__ = ["fuse", "target_dir", "tune_model", "tuned_pipeline"]
 
@@ -155,7 +155,7 @@ def tune_model(
         ``targets.host_target()``.
     work_dir : str or Path, optional
         Where ``database_workload.json`` / ``database_tuning_record.json`` (and logs) go;
-        defaults to :func:`~tvm_costfuse.tuning.database.target_dir`. Records accumulate across calls.
+        defaults to :func:`~tvm_costfuse.records.database.target_dir`. Records accumulate across calls.
     max_trials : int
         Measured candidates over all tasks.
     fusion : str

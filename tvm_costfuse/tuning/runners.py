@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import tvm
 
-from .database import FAILED_RUN_SECS
+from ..records.database import FAILED_RUN_SECS
 
 __all__ = ["MeasureConfig", "build_and_profile_cuda", "build_and_time", "build_and_time_rpc",
            "build_and_time_together", "check_rpc_tracker"]

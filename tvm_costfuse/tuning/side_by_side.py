@@ -3,7 +3,7 @@
 ``feedback`` times each candidate group alone, one after another, and reuses a workload's time
 wherever it recurs, so a decision's left part, right part and union may have been timed
 minutes apart or in another model's run. On a shared machine a kernel that streams megabytes
-moves by more between such timings (a median 4.7%, up to 39% over 1 ms, docs/benchmarks.md)
+moves by more between such timings (a median 4.7%, up to 39% over 1 ms, docs/log/2026-12-02.md)
 than fusing a small epilogue into it is worth. Here the three kernels of each decision are
 built as ``feedback`` builds them (the same rules, finished the same way, called through the
 Relax VM) and timed in rounds, one sample of each per round (``runners.build_and_time_together``),
@@ -40,9 +40,9 @@ from ..cost.learned import measured_seconds
 from ..graph import build_graph
 from ..pipelines import prepare
 from ..planner import plan_greedy
+from ..records.database import default_work_dir, workload_hash
 from ..schedules.prepack import mark_constant_weights
 from ..targets import resolve
-from .database import default_work_dir, workload_hash
 from .feedback import feature_row, group_kernel_and_outputs, schedule_kernel
 from .runners import MeasureConfig, _Runner, build_and_time_together
 from .versions import kernel_version

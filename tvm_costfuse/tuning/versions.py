@@ -9,7 +9,7 @@ stamp matches; a row without one (measured before stamps existed) is measured ag
 
 Why a digest of the source and not a number kept by hand: a number is bumped only when someone
 remembers that a change alters the kernels (the labels timed unfinished kernels for days that
-way, docs/benchmarks.md). A digest re-measures after every edit of these files, comments
+way, docs/log/2026-12-02.md). A digest re-measures after every edit of these files, comments
 included: a wasted measurement is cheaper than a wrong label.
 """
 

@@ -1,0 +1,76 @@
+"""Kernel-kind cards: what the cost model knows of each kind of kernel a rule builds.
+
+A schedule rule decides on TIR whether it takes a fused kernel (``cpu.py``'s rules, dlight's on
+CUDA); the planner must know the answer before any kernel exists, from a group's features. So
+each kind of kernel has a card beside its rule: :attr:`Card.claims` says, from the features,
+whether that rule takes the group on a target kind, and the card holds the numbers the
+analytical model prices the kernel with (the share of peak its loops reach, how it runs the
+contractions in it, its registers, its parallel loop nests). ``catalog.py`` lists the cards in
+the rules' order; the first card that claims a group is its kind, as the first rule that
+applies is in dlight's ``ApplyDefaultSchedule``. ``tests/test_rule_fidelity.py`` builds the
+corpus' kernels and checks that the rule which took each one is its card's.
+
+The cards read features by name only (``cost/features.GroupFeatures``; ``schedules/`` sits
+below ``cost/`` and imports nothing from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .classes import ScheduleClass
+
+__all__ = ["Card", "one_nest"]
+
+
+def one_nest(features: Any) -> int:
+    """One parallel loop nest per kernel (one thread-pool wake-up)."""
+    return 1
+
+
+@dataclass(frozen=True)
+class Card:
+    """One kernel kind. Target kinds are ``"cpu"`` and ``"cuda"``; a kind is possible on a
+    target only where :attr:`efficiency` has an entry for it (a card never claims elsewhere).
+    """
+
+    #: the schedule class the kind is priced as (the learned model's one-hot input)
+    cls: ScheduleClass
+    #: the CPU rule that schedules it (a class name of ``cpu.rules()``)
+    rule: str
+    #: ``claims(features, target kind)``: whether the rule takes such a group there
+    claims: Callable[[Any, str], bool]
+    #: share of peak FP32 of the kernel's loops outside its contractions, per target kind
+    efficiency: Mapping[str, float]
+    #: share of peak its contractions reach (absent: the loops' :attr:`efficiency`)
+    contraction_efficiency: Mapping[str, float] = field(default_factory=dict)
+    #: contraction FLOP/s measured where they run as plain loop nests (beats the share)
+    contraction_flops: Mapping[str, float] = field(default_factory=dict)
+    #: share of peak of the members feeding a contraction (absent: :attr:`efficiency`)
+    prologue_efficiency: Mapping[str, float] = field(default_factory=dict)
+    #: CPU: a contraction is priced at the share its rule's own tile reaches (``efficiency.py``)
+    tiles_by_geometry: bool = False
+    #: CPU: a register-blocked tile takes most of the vector register file
+    register_tile: bool = False
+    #: registers a CUDA thread needs before counting live values (ptxas)
+    cuda_registers: int | None = None
+    #: intermediates reach memory (written once, read once), not kept on chip
+    materializes: bool = False
+    #: producers inlined per use are evaluated again per use (``recompute_flops`` priced)
+    recomputes: bool = True
+    #: parallel loop nests on CPU, each a thread-pool wake-up and join
+    nests: Callable[[Any], int] = one_nest
+    #: target kinds on which a planner merge may step through reshape views into this kind
+    through_views: frozenset[str] = frozenset()
+
+    def contraction_rate(self, kind: str, peak: float) -> float:
+        """FLOP/s of a contraction inside this kind of kernel on a ``kind`` target."""
+        if kind in self.contraction_flops:
+            return self.contraction_flops[kind]
+        return peak * self.contraction_efficiency.get(kind, self.efficiency[kind])
+
+    def prologue_share(self, kind: str) -> float:
+        """Share of peak of the members feeding a contraction on a ``kind`` target."""
+        return self.prologue_efficiency.get(kind, self.efficiency[kind])
