@@ -123,7 +123,7 @@ def _claims_attention(f, kind: str) -> bool:
 # One query row per head (a decode step; ``attention_decode.py``) is priced at the same share,
 # which it does not reach: per layer at 1 thread it ran 6.2-7.6x slower than this compute term
 # on qwen2 (128 and 1024 past) and falcon, 8-9x with memory on opt and gpt2 (znver4,
-# ``scripts/research/kernel_profile.py``; docs/log/2026-12-03.md, "Decode steps"). Its alternative
+# ``lab/kernel_profile.py``; docs/log/2026-12-03.md, "Decode steps"). Its alternative
 # is priced further off: FuseOps' transposing copy of the keys (concat, rotary, GQA repeat,
 # transpose: a gather per element) at 26x under its measured time, the value copy at 5x.
 # Priced at its measured share (0.075), the fused kernel loses to that copy on paper and the

@@ -34,7 +34,7 @@ def schedule_pass(target: Target, prepack: bool = True,
     Around it, constant contraction weights are marked and then packed tile-major at compile
     time (``prepack``). The marking comes after any tuned schedules were applied (they match
     their database records by the unmarked PrimFunc) and the rules skip scheduled PrimFuncs.
-    ``prepack=False`` leaves every weight in its own layout (``scripts/research/prepack_effect.py``).
+    ``prepack=False`` leaves every weight in its own layout (``lab/prepack_effect.py``).
     Last, float32 exp/log/tanh/sigmoid/erf calls in every kernel become vectorizable
     expressions (``fast_math``; ``fast_math=False`` keeps the scalar libm calls, for
     comparisons).

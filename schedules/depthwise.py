@@ -22,7 +22,7 @@ and TVM's old x86 ``depthwise_conv2d`` kernels (NCHW), the output row is the vec
 
 The padded (or deinterleaved) plane stays one streamed pass of its own. Computing it per
 channel inside the parallel loop measured slower or equal on 42 of the corpus's 44 depthwise
-shapes (1 thread, emeraldrapids, ``scripts/research/depthwise_bench.py``): a plane under a few
+shapes (1 thread, emeraldrapids, ``lab/depthwise_bench.py``): a plane under a few
 KiB becomes a stack array that LLVM splits into scalars (efficientnet_b0's 1152 x 7 x 7 5x5:
 0.70 ms per channel against 0.15 ms as a pass).
 """

@@ -21,12 +21,12 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
 A depthwise convolution (``depthwise.py``) has no tile search: its share is
 ``K / (K + K0) * E_DEPTHWISE[stride]``, its time the loads of each tap and, at stride 2, the
 scalar deinterleaving copy (the geomean over the corpus's 44 depthwise shapes of
-``scripts/research/depthwise_bench.py``, docs/log/2026-12-01b.md: stride 1 0.44, stride 2 0.14, 3x3
+``lab/depthwise_bench.py``, docs/log/2026-12-01b.md: stride 1 0.44, stride 2 0.14, 3x3
 and 5x5 within 1.4x of it).
 
 Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
 docs/log/2026-12-01a.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
-``scripts/research/fit_efficiency.py``; the GEMM kernel's ``K0_GEMM`` and ``E_PATH["gemm"]``
+``lab/fit_efficiency.py``; the GEMM kernel's ``K0_GEMM`` and ``E_PATH["gemm"]``
 re-fitted with 8 pointwise convolutions of mobilenet_v2 added, ``--gemm-only``). What a
 contraction's block looks like is read once per PrimFunc (:func:`describe`,
 target-independent, stored on the graph node); the share needs the target's lanes and

@@ -21,7 +21,7 @@ values; the test asserts the bound in brackets:
 - sigmoid: 1 / (1 + e) or e / (1 + e) with e = exp(-|x|), so neither tail cancels.
   2.35 ulp (<= 3).
 - erf: x + x P(x^2) below |x| = 1, 1 - Q(|x| - 2.46) up to 3.92 (above, erf rounds to 1),
-  P (degree 5) and Q (degree 12) fitted by ``scripts/research/fit_erf.py``. 1.56 ulp (<= 2),
+  P (degree 5) and Q (degree 12) fitted by ``lab/fit_erf.py``. 1.56 ulp (<= 2),
   the same in AVX2 (haswell) code, measured on a Xeon (rocketlake).
 
 Special values: exp(+-inf) = inf / 0, overflow -> inf, underflow -> 0; log(0) = -inf,

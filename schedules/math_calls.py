@@ -20,7 +20,7 @@ from tvm import tirx
 # polynomials (``fast_math``); the rest stay scalar libm calls. Measured 2026-12-01 on the
 # emeraldrapids host, 2 threads, load average 5.6 (shared), 1M float32 elements, single-op
 # kernels with our schedules, median machine-wide ns per element
-# (``TVM_COSTFUSE_CALIBRATION=none python scripts/research/math_cost.py --repeat 15``):
+# (``TVM_COSTFUSE_CALIBRATION=none python lab/math_cost.py --repeat 15``):
 # vectorized exp 0.87, log 0.98, sigmoid 1.11, silu 1.08, tanh 1.33, erf 2.04, gelu 2.26,
 # gelu_tanh 1.81; libm cos 15.7 and exp 5.3 (libm / vector exp: 6.1x); an add kernel's whole
 # time is 0.49. Weights are whole-kernel ratios to exp, as before; the libm calls not measured

@@ -6,7 +6,7 @@ Why: the contraction rule streams its vector operand (a linear layer's ``(K, N)`
 those lines land in the physically indexed L2 depends on where the allocator put the weight:
 the same compiled kernel (mlp_gelu's 3072x768 matmul) measured 5.8 or 7.7-8.8 ms depending on
 the build, and 5.8-7.5 ms over twelve fresh allocations: most of the 8-13% that separate builds
-of one plan differed by (``scripts/research/build_spread.py``). Stored as ``(N / vtile, K, vtile)``, each
+of one plan differed by (``lab/build_spread.py``). Stored as ``(N / vtile, K, vtile)``, each
 tile's panel is one contiguous stream: 5.45-5.54 ms over ten allocations.
 
 How:

@@ -8,7 +8,7 @@ against stock before timing. Prints medians, ratios and geomeans.
 
 Each strategy is compiled ``--builds`` times (default 3) and every build is sampled in every
 round; a strategy's time is the median over all its samples. On this 2-vCPU VM separate builds
-of the *same* plan differed by up to ~13% (``scripts/research/build_spread.py``: four builds of
+of the *same* plan differed by up to ~13% (``lab/build_spread.py``: four builds of
 gpt2_block's CostFuse plan 21.5-23.3 ms, of mlp_gelu's FuseOps plan 15.0-16.5 ms), which a
 single build per strategy turns into a spurious fusion effect. Most of that was where the
 allocator put row-major weights; packed weights (``schedules/prepack.py``) cut it to a few

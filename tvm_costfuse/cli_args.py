@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--verify", action="store_true",
                       help="also build without fusion and report the largest relative error")
     comp.set_defaults(cmd="compile")
-    from .report.bench import OURS, PEERS
+    from .report.bench import DEFAULT_PEERS, OURS, PEERS
     from .strategies import _VARIANTS, STRATEGIES
 
     ours = tuple(s for s in STRATEGIES if s != "stock") + tuple(_VARIANTS)
@@ -293,8 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"{_MODEL}; eager needs a PyTorch form (a corpus name or a .pt2)")
     bench.add_argument("--threads", nargs="+", type=int_at_least(1), default=[1],
                        help="thread counts, each used by every column (default 1)")
-    bench.add_argument("--peers", default=list(PEERS), type=csv_choices(PEERS),
-                       help=f"comma-separated, from {','.join(PEERS)} (default both)")
+    bench.add_argument("--peers", default=list(DEFAULT_PEERS), type=csv_choices(PEERS),
+                       help=f"comma-separated, from {','.join(PEERS)} (default "
+                            f"{','.join(DEFAULT_PEERS)}; compile = torch.compile, Inductor: "
+                            "minutes of compiling per model and thread count)")
     bench.add_argument("--strategies", default=list(OURS), type=csv_choices(ours),
                        help=f"ours, comma-separated (default {','.join(OURS)})")
     bench.add_argument("--repeat", type=int_at_least(1), default=5,

@@ -30,7 +30,7 @@ from .features import GroupFeatures, OpWork
 # them, with the measurements behind each number).
 # Seconds one core spends on one exp-equivalent of math library work (``schedules.math_calls.MATH_COST``).
 # CPU: the vectorized exp (``schedules/fast_math``) over 1M float32 elements took 0.87 ns per
-# element machine-wide on the 2-core emeraldrapids host (``scripts/research/math_cost.py``,
+# element machine-wide on the 2-core emeraldrapids host (``lab/math_cost.py``,
 # whole kernel time, as for the libm exp before it): 1.74 ns per call per core. Kept in
 # seconds, not FLOPs: a calibrated FMA peak says nothing about the polynomial's selects and
 # casts. CUDA: not measured on a GPU; 0 leaves its estimates as they were (what a GPU's

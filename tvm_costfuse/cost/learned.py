@@ -15,7 +15,7 @@ per reason: never silently.
 Why "near a measured group": leave one architecture out, the trees beat the analytical model on
 the held-out groups that another architecture measured (workloads recur: bert_layer and
 gpt2_block share projections) and lose to it on the others, at every depth and regularization
-tried (``scripts/research/learned_variants.py``, "coverage radius"). So the trees answer only within
+tried (``lab/learned_variants.py``, "coverage radius"). So the trees answer only within
 ``NEAR`` of a training row -- where they have data -- and grow deep enough to reproduce what was
 measured there; everywhere else the analytical model answers, and the report says how often.
 """

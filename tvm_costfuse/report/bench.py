@@ -5,8 +5,8 @@ Per model and thread count ``t``, in one process with interleaved timing rounds
 all alike): kernels launched and ms under our strategies (same schedules, built with
 ``num-cores = t`` and TVM's thread pool sized ``t``), PyTorch eager with
 ``torch.set_num_threads(t)`` where the model has a PyTorch form (corpus names, ``.pt2`` files),
-and ONNX Runtime (CPU provider, ``intra_op_num_threads = t``) on the ``.onnx`` file or the
-model exported to one. Every column's output is checked against PyTorch's, or against our
+ONNX Runtime (CPU provider, ``intra_op_num_threads = t``) on the ``.onnx`` file or the
+model exported to one, and on request ``torch.compile`` (Inductor, compiled at ``t`` threads). Every column's output is checked against PyTorch's, or against our
 unfused build where there is no PyTorch form (max |got - want| / max |want|).
 
 Each row records the cores other processes used while it was timed (``measurement.quiet``);
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,11 +39,14 @@ from ..strategies import strategy_pipeline
 from ..targets import host_target
 from .cells import is_shape_func
 
-__all__ = ["DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "disturbed", "eager_sampler",
+__all__ = ["DEFAULT_PEERS", "DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "disturbed", "eager_sampler",
            "speedup", "table", "workload"]
 
 OURS = ("none", "tvm", "costfuse")
-PEERS = ("eager", "ort")
+PEERS = ("eager", "ort", "compile")
+#: The peers timed unless others are asked for (``compile`` spends minutes compiling a model).
+DEFAULT_PEERS = ("eager", "ort")
+_NO_TORCH = "no PyTorch form (a corpus name or a .pt2 has one)"
 _SAMPLE_MS = 50
 # A row timed while other processes kept more than this many cores busy is marked: a 2-vCPU
 # host's 2-thread figures moved 2x under a short script elsewhere.
@@ -52,7 +56,8 @@ DISTURBED_CORES = 0.1
 @dataclass
 class Workload:
     """A model in every form the columns need: Relax for ours, a PyTorch callable for eager
-    (None: no PyTorch form), an ONNX file or a function writing one to a path (None: no ORT)."""
+    (None: no PyTorch form), an ONNX file or a function writing one to a path (None: no ORT),
+    the PyTorch module and its inputs for ``torch.compile`` (None: no PyTorch form)."""
 
     name: str
     family: str
@@ -60,6 +65,7 @@ class Workload:
     inputs: dict[str, np.ndarray]
     eager: Callable[[], object] | None = None
     onnx: str | Callable[[str], None] | None = None
+    torch_call: tuple | None = None  # (module, args)
 
 
 def workload(spec: str, small: bool = False) -> Workload:
@@ -73,7 +79,8 @@ def workload(spec: str, small: bool = False) -> Workload:
         mod, inputs, module = corpus.load(spec, small=small)
         args = corpus.torch_inputs(inputs)
         return Workload(spec, corpus.family(spec), mod, inputs, lambda: module(*args),
-                        lambda path: _export_onnx(module, args, list(inputs), path))
+                        lambda path: _export_onnx(module, args, list(inputs), path),
+                        (module, args))
     mod, inputs = models.load(spec, small=small)
     if spec.endswith(".onnx"):
         return Workload(os.path.basename(spec), "onnx", mod, inputs, onnx=spec)
@@ -89,7 +96,7 @@ def workload(spec: str, small: bool = False) -> Workload:
                               verbose=False)
 
         return Workload(os.path.basename(spec), "pt2", mod, inputs, lambda: module(*args),
-                        to_onnx)
+                        to_onnx, (module, args))
     return Workload(spec, "-", mod, inputs)
 
 
@@ -136,13 +143,29 @@ def eager_sampler(call: Callable[[], object], threads: int) -> Callable[[], floa
     return sample
 
 
+def compiled_call(w: Workload, threads: int) -> Callable[[], object]:
+    """``torch.compile`` (Inductor, CPU) of the workload's module, compiled at ``threads``
+    threads: Inductor's CPU kernels take the thread count at compile time, so each thread
+    count gets its own compilation (``torch._dynamo.reset`` drops the previous one). Compiled
+    here, by a first call, so that no timed sample pays for it."""
+    import torch
+
+    module, args = w.torch_call
+    torch.set_num_threads(threads)
+    torch._dynamo.reset()
+    fn = torch.compile(module)
+    with torch.inference_mode():
+        fn(*args)
+    return lambda: fn(*args)
+
+
 def _first_output(out) -> np.ndarray:
     while isinstance(out, (tuple, list)):
         out = out[0]
     return out.detach().numpy() if hasattr(out, "detach") else np.asarray(out)
 
 
-def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, peers=PEERS,
+def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, peers=DEFAULT_PEERS,
           timed_at: Callable[[int], None] | None = None) -> dict:
     """One model's row: kernels per strategy, and per thread count ms and error per column;
     ``timed_at(t)`` is called as each thread count's columns are timed (a progress bar)."""
@@ -155,12 +178,16 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
         with torch.inference_mode():
             ref = _first_output(w.eager())
     elif "eager" in peers:
-        row["failed"]["eager"] = "no PyTorch form (a corpus name or a .pt2 has one)"
+        row["failed"]["eager"] = _NO_TORCH
+    if "compile" in peers and w.torch_call is None:
+        row["failed"]["compile"] = _NO_TORCH
     if ref is None:  # no PyTorch: our unfused build is the reference
         ref = run(tvm.compile(w.mod, target=host_target(),
                               relax_pipeline=strategy_pipeline("none", host_target())),
                   w.inputs)[0]
-    onnx_path = w.onnx if isinstance(w.onnx, str) else os.path.join(tmp, "model.onnx")
+    # an export of its own per row: ``tmp`` is shared by every model of a run
+    onnx_path = w.onnx if isinstance(w.onnx, str) else os.path.join(
+        tempfile.mkdtemp(dir=tmp), "model.onnx")
     for t in threads:
         target = host_target(t)
         _thread_pool(t)
@@ -174,6 +201,18 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
             samplers[f"{s}@{t}"] = _with_threads(vm_sampler(ex, w.inputs, min_ms=_SAMPLE_MS), t)
         if "eager" in peers and w.eager is not None:
             samplers[f"eager@{t}"] = eager_sampler(w.eager, t)
+        if "compile" in peers and "compile" not in row["failed"]:
+            try:  # a model Inductor cannot compile costs the column, not the row
+                import torch
+
+                call = compiled_call(w, t)
+                with torch.inference_mode():
+                    row["err"][f"compile@{t}"] = scaled_error(_first_output(call()), ref)
+            except Exception as err:  # noqa: BLE001 -- reported in the row and the table
+                lines = str(err).splitlines() or [""]
+                row["failed"]["compile"] = f"{type(err).__name__}: {lines[0]}"[:160]
+            else:
+                samplers[f"compile@{t}"] = eager_sampler(call, t)
         if "ort" in peers and "ort" not in row["failed"]:
             try:  # an export or a session ORT refuses costs the ORT column, not the row
                 sess = _ort_session(w, onnx_path, t)
@@ -226,7 +265,7 @@ def speedup(row: dict, num: str, den: str, threads: int) -> float | None:
     return row["ms"][b] / row["ms"][a]
 
 
-def table(rows: list[dict], threads: list[int], ours=OURS, peers=PEERS) -> str:
+def table(rows: list[dict], threads: list[int], ours=OURS, peers=DEFAULT_PEERS) -> str:
     """The rows as one markdown table, then the marked rows, missing columns and geomeans."""
     cols = [f"{c}@{t}" for t in threads for c in (*ours, *peers)]
     head = ["model", "family", *(f"k {s}" for s in ours), *(f"{c} ms" for c in cols), "max err",

@@ -39,7 +39,7 @@ maximum and mean over stores and log1p of the store count) added to the inputs, 
 the raw features (keeping the analytical log time), each at radii 0.05, 0.5 and unbounded. The
 held-out kernels' own schedules are given, which a planner weighing a candidate would not have.
 
-    TVM_COSTFUSE_CALIBRATION=none python scripts/research/learned_variants.py [coverage | perstore]
+    TVM_COSTFUSE_CALIBRATION=none python lab/learned_variants.py [coverage | perstore]
 
 (``coverage`` or ``perstore``: that table alone; ``perstore`` needs the database files.)
 """
@@ -59,7 +59,7 @@ from tvm_costfuse.cost import learned
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.records.database import GroupDatabase, default_work_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from eval_cost_model import _pairs
 
 from tvm_costfuse.cost.learned import measured_seconds

@@ -8,7 +8,7 @@ decision otherwise than all of them do (a kernel's time: the mean of its process
 themselves, the spread of a kernel's per-process medians (max / min), and, for the decisions
 also timed earlier in a single process, how often that label differs from the pooled one.
 
-    python scripts/research/process_spread.py [--work-dir tuning_logs/llvm-rocketlake/groups]
+    python lab/process_spread.py [--work-dir tuning_logs/llvm-rocketlake/groups]
 """
 
 import argparse

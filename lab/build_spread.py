@@ -6,8 +6,8 @@ process (median and range of ``--repeat`` samples each): a spread between builds
 strategy is placement (code, constants, buffers), not fusion, and is why ``bench_cpu.py``
 samples several builds; two strategies with the same partition should overlap.
 
-    TVM_COSTFUSE_CALIBRATION=none python scripts/research/build_spread.py gpt2_block costfuse --builds 4
-    TVM_COSTFUSE_CALIBRATION=none python scripts/research/build_spread.py layernorm_mlp tvm costfuse
+    TVM_COSTFUSE_CALIBRATION=none python lab/build_spread.py gpt2_block costfuse --builds 4
+    TVM_COSTFUSE_CALIBRATION=none python lab/build_spread.py layernorm_mlp tvm costfuse
 """
 
 from __future__ import annotations

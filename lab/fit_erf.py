@@ -9,7 +9,7 @@ on Chebyshev nodes approaches the minimax fit; the script prints each fit's erro
 and the float32 coefficients to paste. The float32 kernel's own error is what
 ``tests/test_fast_math.py`` measures.
 
-    python scripts/research/fit_erf.py
+    python lab/fit_erf.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A/B: CostFuse planned with the analytical model's L2 tier (``analytical.private_cache``) and
 without it (undone in-process), FuseOps, on the calibrated host description, interleaved.
 
-    python scripts/research/l2_tier_ab.py --models bert mobilenet_v2 --threads 1 --repeat 5
+    python lab/l2_tier_ab.py --models bert mobilenet_v2 --threads 1 --repeat 5
 """
 import argparse
 import os
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import tvm
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 from bench_corpus import _thread_pool, _with_threads  # noqa: E402
 
 from tvm_costfuse import host_target, strategy_pipeline  # noqa: E402

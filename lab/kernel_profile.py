@@ -7,7 +7,7 @@ with the trailing copy number dropped (TVM names the PrimFuncs of one op chain
 ``fused_conv1d_gelu``, ``fused_conv1d_gelu1``, ..: one line per op chain, with how many
 distinct kernels it has), e.g.::
 
-    python scripts/research/kernel_profile.py wav2vec2 --threads 1 --top 15
+    python lab/kernel_profile.py wav2vec2 --threads 1 --top 15
 """
 
 from __future__ import annotations

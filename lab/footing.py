@@ -19,7 +19,7 @@ in each bucket; then the pooled accuracy of ways to answer a decision:
 and the measured seconds at stake (``evaluation.Pair.stake``) in all pairs and in those whose
 three groups the trees answer.
 
-    taskset -c 1 python scripts/research/footing.py [tuning_logs/llvm-rocketlake/groups]
+    taskset -c 1 python lab/footing.py [tuning_logs/llvm-rocketlake/groups]
 """
 
 import collections

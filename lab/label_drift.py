@@ -8,7 +8,7 @@ feedback loop builds them and sampled interleaved in this process (``time_evalua
 Relax VM around the call, so small kernels come out cheaper than the committed rows say), and
 prints the old and new label per pair; the records go to ``--out`` (JSON lines).
 
-    taskset -c 1 python scripts/research/label_drift.py --pairs 6 --models bert t5_encoder \
+    taskset -c 1 python lab/label_drift.py --pairs 6 --models bert t5_encoder \
         clip_text swin_t resnet50 gpt2
 """
 

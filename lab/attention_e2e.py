@@ -4,7 +4,7 @@
 attention rule); both builds use the same schedules, are checked against each other and timed
 interleaved with PyTorch eager at the same thread count.
 
-    python scripts/research/attention_e2e.py bert --threads 1 [--small]
+    python lab/attention_e2e.py bert --threads 1 [--small]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ kernel. This compiles each model with each strategy twice, with the rewrite
 TVM's stock build, and times all builds and PyTorch eager (``scripts/torch_zoo.py``, same
 weights, ``--cores`` threads) interleaved in one process; prints medians in ms.
 
-    TVM_COSTFUSE_CALIBRATION=none python scripts/research/fast_math_effect.py
+    TVM_COSTFUSE_CALIBRATION=none python lab/fast_math_effect.py
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tvm_costfuse.pipelines import build_pipeline
 from tvm_costfuse.strategies import fusion_pass
 from tvm_costfuse.targets import host_target
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 try:
     import torch
     import torch_zoo

@@ -1,12 +1,12 @@
 """A/B: CostFuse with unit reshapes as no data movement and CPU contractions walked through views
 ("new") against both undone in-process ("old"), FuseOps and PyTorch, interleaved.
 
-    python scripts/research/views_ab.py --models bert gpt2 --threads 1 --repeat 7
+    python lab/views_ab.py --models bert gpt2 --threads 1 --repeat 7
 """
 import argparse, os, sys
 os.environ.setdefault("TVM_COSTFUSE_CALIBRATION", "none")
 import numpy as np, tvm
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 from bench_corpus import _thread_pool, _with_threads, _torch_sampler
 from tvm_costfuse import host_target, strategy_pipeline
 from tvm_costfuse.measurement.timing import interleave, run, vm_sampler

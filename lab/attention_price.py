@@ -4,7 +4,7 @@ on the host description (calibrated unless ``TVM_COSTFUSE_CALIBRATION=none``) at
 thread count, to set beside the measured figures, and whether the greedy planner forms the
 attention group on its own (``planner=attention``) or leaves the head split.
 
-    python scripts/research/attention_price.py --threads 1 1,8,4096,64,masked
+    python lab/attention_price.py --threads 1 1,8,4096,64,masked
 """
 
 from __future__ import annotations

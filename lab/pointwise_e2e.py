@@ -8,7 +8,7 @@ its own padded column tile, as before), the row tiles are never put outermost
 divisions (``contraction.reciprocal_divisions`` is the identity). Both builds are checked
 against each other::
 
-    TVM_COSTFUSE_CALIBRATION=none python scripts/research/pointwise_e2e.py \
+    TVM_COSTFUSE_CALIBRATION=none python lab/pointwise_e2e.py \
         --models mobilenet_v2 efficientnet_b0 --threads 1 --repeat 3
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_corpus
 from tvm_costfuse.schedules import columns, contraction, efficiency, gemm
 

@@ -5,7 +5,7 @@ runs inside the fused kernel differently). For each group CostFuse forms that Fu
 this builds the CostFuse plan with that one group split back into FuseOps' groups, and times
 all variants side by side (interleaved medians) against FuseOps and the full CostFuse plan.
 
-    python scripts/research/ablate_groups.py bert_layer [--repeat 7]   (zoo or corpus names)
+    python lab/ablate_groups.py bert_layer [--repeat 7]   (zoo or corpus names)
 
 ``-i`` rows are the CostFuse plan without its i-th own group: a ``-i`` faster than ``costfuse``
 means that group costs time in the model.

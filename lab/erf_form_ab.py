@@ -8,7 +8,7 @@ runnable.
 The current form is ``schedules.fast_math.fast_erf``. Both are built in-process from the same
 PrimFunc; outputs are checked against a float64 GELU.
 
-    python scripts/research/erf_form_ab.py --threads 1
+    python lab/erf_form_ab.py --threads 1
 """
 
 from __future__ import annotations

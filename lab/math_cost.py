@@ -7,7 +7,7 @@ math (``schedules/fast_math``) and without it, times all of them interleaved in 
 (``timing.interleaved_samples``) and prints the median machine-wide ns per element, next to an
 add kernel's (which is memory-bound: its time is the floor every op pays).
 
-    TVM_COSTFUSE_CALIBRATION=none python scripts/research/math_cost.py
+    TVM_COSTFUSE_CALIBRATION=none python lab/math_cost.py
 """
 
 from __future__ import annotations

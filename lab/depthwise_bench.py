@@ -5,7 +5,7 @@ Shapes are read from the imported corpus models (``bench_kernels.corpus_convs``,
 channels); each is compiled twice, with ``schedules/depthwise.py`` and with its ``analyze``
 answering None (the general tiling), checked against PyTorch, then timed in interleaved rounds::
 
-    python scripts/research/depthwise_bench.py --threads 1 --repeat 5 \
+    python lab/depthwise_bench.py --threads 1 --repeat 5 \
         --models mobilenet_v2 mobilenet_v3_large efficientnet_b0 mnasnet1_0 shufflenet_v2_x1_0
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_kernels
 from tvm_costfuse.schedules import depthwise
 

@@ -5,7 +5,7 @@ pool that is still spinning when the next column starts would tax that column. T
 alone, right after PyTorch and after PyTorch plus a 0.5 s pause, and PyTorch alone and right
 after ORT, at 1 and 2 threads (full size, 5 samples each, medians in ms)::
 
-    python scripts/research/peer_interference.py efficientnet_b0 squeezenet1_1 gpt_neox
+    python lab/peer_interference.py efficientnet_b0 squeezenet1_1 gpt_neox
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 import bench_corpus
 
 from tvm_costfuse.measurement.timing import call_sampler

@@ -11,7 +11,7 @@ fitted constants, and how far the single ``_EFF`` constant (0.55) was from the s
 other paths held at the module's constants (the depthwise figures were fitted on ``K0``); it
 adds the corpus's pointwise convolutions (``POINTWISE``, on the merged-column kernel).
 
-    python scripts/research/fit_efficiency.py [--lanes 16 --registers 32] [--gemm-only]
+    python lab/fit_efficiency.py [--lanes 16 --registers 32] [--gemm-only]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import minimize
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench_kernels import CASES, Conv, conv_module, relax_module  # noqa: E402
 
 from tvm_costfuse.graph import build_graph  # noqa: E402

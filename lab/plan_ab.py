@@ -7,7 +7,7 @@ Each ``--old MODULE.ATTR=EXPR`` sets one attribute (EXPR is Python, evaluated on
 effect. Outputs of both CostFuse builds are compared with FuseOps'. Host description as the
 pipeline finds it (calibrated unless ``TVM_COSTFUSE_CALIBRATION=none``)::
 
-    python scripts/research/plan_ab.py --models bert vit_b_16 --threads 1 --repeat 5 \\
+    python lab/plan_ab.py --models bert vit_b_16 --threads 1 --repeat 5 \\
         --old tvm_costfuse.schedules.efficiency.E_ACTIVATION=1.0
 """
 
@@ -22,8 +22,8 @@ from contextlib import contextmanager
 import numpy as np
 import tvm
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_corpus import _thread_pool, _with_threads  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from tvm_costfuse.report.bench import _thread_pool, _with_threads  # noqa: E402
 
 from tvm_costfuse import host_target, strategy_pipeline  # noqa: E402
 from tvm_costfuse.measurement.quiet import OtherLoad  # noqa: E402

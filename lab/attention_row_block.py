@@ -5,7 +5,7 @@ Each variant is ``KIB[:SUBTILES]``: the rule is rebuilt with its buffers sized t
 (``1``: one query row per block at every key length; ``32``: the L1-sized blocks the rule
 had before). The outputs are checked against the split kernels'.
 
-    python scripts/research/attention_row_block.py --threads 1 32,256,1024 1,8,4096,64,plain
+    python lab/attention_row_block.py --threads 1 32,256,1024 1,8,4096,64,plain
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import tvm
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
 from bench_attention import _builds
 from tvm_costfuse.schedules import attention
 

@@ -5,7 +5,7 @@ alone (``columns.mergeable`` answering None) and PyTorch, interleaved in one pro
 ``--epilogue`` adds the folded batch norm's bias and a ReLU6, as the models' fused groups
 have them::
 
-    python scripts/research/pointwise_bench.py --threads 1 --repeat 5 --epilogue \
+    python lab/pointwise_bench.py --threads 1 --repeat 5 --epilogue \
         --models mobilenet_v2 efficientnet_b0
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_kernels
 from tvm_costfuse.schedules import columns
 

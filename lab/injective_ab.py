@@ -13,7 +13,7 @@ and right kernels are built from the model as the feedback loop builds them, for
 outputs of the two variants' union kernels compared, and all six timed in interleaved rounds
 at one thread::
 
-    python scripts/research/injective_ab.py falcon:lv60,lv66,lv67/lv70 \\
+    python lab/injective_ab.py falcon:lv60,lv66,lv67/lv70 \\
         llama:lv72,lv78,lv79/lv73,lv76,lv77 swin_t:lv220/lv221
 """
 

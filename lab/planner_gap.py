@@ -5,7 +5,7 @@ Random synthetic DAGs with 6-9 units (``tvm_costfuse.testing.random_dag``: chain
 of at most 9 units, on host and H100: the predicted cost of the greedy plan and of the exact
 optimum (same cost model), and the gap (greedy / exact - 1).
 
-    python scripts/research/planner_gap.py [--seeds 8]
+    python lab/planner_gap.py [--seeds 8]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ description is this host's (calibrated unless ``TVM_COSTFUSE_CALIBRATION=none``)
 many cores as the process may use (run it under ``taskset`` with the core count the groups
 were measured with).
 
-    taskset -c 1 python scripts/research/price_ratio.py tuning_logs/llvm-rocketlake/groups
+    taskset -c 1 python lab/price_ratio.py tuning_logs/llvm-rocketlake/groups
 
 ``--without-l2-tier`` prices every intermediate as before ``analytical.private_cache`` (at the
 last-level cache's bandwidth or DRAM's).

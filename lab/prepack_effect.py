@@ -7,7 +7,7 @@ build interleaved in one process (``timing.interleaved_samples``), checks each b
 against TVM's stock build, and prints per variant the median over all samples and the span of
 the builds' medians.
 
-    TVM_COSTFUSE_CALIBRATION=none python scripts/research/prepack_effect.py
+    TVM_COSTFUSE_CALIBRATION=none python lab/prepack_effect.py
 """
 
 from __future__ import annotations
