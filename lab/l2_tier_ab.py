@@ -11,7 +11,8 @@ import numpy as np
 import tvm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
-from bench_corpus import _thread_pool, _with_threads  # noqa: E402
+from tvm_costfuse.measurement.peers import thread_pool as _thread_pool  # noqa: E402
+from tvm_costfuse.measurement.peers import with_threads as _with_threads  # noqa: E402
 
 from tvm_costfuse import host_target, strategy_pipeline  # noqa: E402
 from tvm_costfuse.cost import analytical  # noqa: E402

@@ -9,6 +9,7 @@ per target kind. Each rule's kernel kinds have their cards beside it (``card.py`
 
 from __future__ import annotations
 
+from ._common import is_spatial, root_blocks
 from ._loops import int32_partition_loops
 from .backends import Backend, backend, finish_pass, first_rule, schedule_pass
 from .cpu import Attention, Contraction, Fallback, RowReduction, rules
@@ -23,6 +24,8 @@ __all__ = [
     "finish_pass",
     "first_rule",
     "int32_partition_loops",
+    "is_spatial",
+    "root_blocks",
     "rules",
     "schedule_pass",
 ]

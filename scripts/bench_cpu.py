@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import tvm
 
 from tvm_costfuse import models
+from tvm_costfuse.measurement.peers import eager_sampler
 from tvm_costfuse.measurement.timing import (
     geomean,
     interleave,
@@ -35,15 +35,12 @@ from tvm_costfuse.measurement.timing import (
     run,
     vm_sampler,
 )
-from tvm_costfuse.report.bench import eager_sampler
 from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
 from tvm_costfuse.targets import host_target
 
 try:
     import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import torch_zoo
+    import torch_zoo  # beside this script (Python puts the script's folder on the path)
 except ImportError:  # torch is an optional extra
     torch = None
 

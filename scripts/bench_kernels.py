@@ -322,10 +322,10 @@ def main() -> None:
             samplers[(case.name, "torch")] = call_sampler(torch_call(case, arrays))
         flops[case.name] = case.flops()
     if args.peak:
-        from tvm_costfuse.measurement.calibrate import _fp32_flops
+        from tvm_costfuse.measurement.calibrate import fp32_flops
 
         lanes = isa.vector_bits(target) // 32
-        samplers[("peak", "tvm")] = lambda: 1.0 / _fp32_flops(lanes, args.threads, target,
+        samplers[("peak", "tvm")] = lambda: 1.0 / fp32_flops(lanes, args.threads, target,
                                                                1 << 14, 1, 50)
     samples = interleave(samplers, args.repeat)
     peak = 1.0 / float(np.median(samples[("peak", "tvm")])) if args.peak else math.nan

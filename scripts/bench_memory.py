@@ -156,8 +156,7 @@ def build_case(case: MemCase, rng) -> tuple[tvm.IRModule, dict, list[np.ndarray]
 def _kernel_kind(func: tvm.tirx.PrimFunc, target) -> str | None:
     """"reduction" / "elementwise" / "fallback" as our rules schedule ``func``; None for
     contractions (bench_kernels' matmul cases cover those)."""
-    from tvm_costfuse.schedules import Contraction, RowReduction
-    from tvm_costfuse.schedules._common import is_spatial, root_blocks
+    from tvm_costfuse.schedules import Contraction, RowReduction, is_spatial, root_blocks
 
     if Contraction().apply(func, target, False) is not None:
         return None

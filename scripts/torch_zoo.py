@@ -140,6 +140,22 @@ def _elementwise_chain(m, w, x):
     return torch.relu(y - 0.1)
 
 
+def _decode_attention(m, w, q, k, v, cache_k, cache_v, mask):
+    half = m.d // 2
+
+    def rotate(x):
+        return x * w["cos"] + torch.cat([-x[..., half:], x[..., :half]], dim=3) * w["sin"]
+
+    def repeat(x):
+        b, heads, n, d = x.shape
+        return x.unsqueeze(2).expand(b, heads, m.group, n, d).reshape(b, heads * m.group, n, d)
+
+    keys = repeat(torch.cat([cache_k, rotate(k)], dim=2))
+    values = repeat(torch.cat([cache_v, v], dim=2))
+    scores = rotate(q) @ keys.transpose(2, 3) * (1 / math.sqrt(m.d)) + mask
+    return torch.softmax(scores, dim=-1) @ values
+
+
 # One twin per zoo model, found by name: a model added to the zoo without a twin fails here.
 _MODELS: dict[str, Callable] = {name: globals()[f"_{name}"] for name in models.zoo.names()}
 

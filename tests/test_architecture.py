@@ -117,3 +117,30 @@ def test_cost_models_read_records_without_climbing_into_tuning() -> None:
     assert not _reaches(graph, f"{PACKAGE}.cost", f"{PACKAGE}.tuning")
     assert not _reaches(graph, f"{PACKAGE}.records", f"{PACKAGE}.cost")
     assert not _reaches(graph, f"{PACKAGE}.records", f"{PACKAGE}.tuning")
+
+
+def _script_reaches() -> dict[str, list[str]]:
+    """Per script in ``scripts/``: its ``sys.path`` edits and the private names it imports
+    (a ``_name``, or a module under a ``_module``) from the package."""
+    found = {}
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        bad = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(
+                    node.value, ast.Name) and node.value.id == "sys":
+                bad.append("sys.path")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+                names = [a.name for a in node.names]
+                parts = node.module.split(".")
+                bad += [f"{node.module}.{n}" for n in names if n.startswith("_")]
+                bad += [node.module for p in parts if p.startswith("_")][:1]
+        if bad:
+            found[path.name] = bad
+    return found
+
+
+def test_scripts_use_the_package_through_its_public_names() -> None:
+    """Scripts are thin: they call the package as a user would, never its private names or
+    a patched import path (research that needs more lives in ``lab/``, outside the product)."""
+    assert not _script_reaches()

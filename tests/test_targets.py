@@ -222,3 +222,15 @@ def test_target_strings_as_tvm_users_write_them():
     assert gpu.tvm.attrs["arch"] == "sm_80" and gpu.desc.name == "a100"
     with pytest.raises(ValueError, match="such as 'llvm -mcpu=znver3'"):
         resolve("llvm -mcpu")
+
+
+def test_a_description_names_its_records_folder_as_its_compile_target_does() -> None:
+    """The learned model finds its records by the description's ``key``; the feedback loop
+    writes them under the compile target's: one name for both, without a round trip."""
+    from tvm_costfuse.records.database import default_work_dir, target_key
+    from tvm_costfuse.targets import host, preset
+
+    for desc in (preset("h100"), preset("h200"), preset("a100"), host(2, mcpu="skylake-avx512")):
+        assert desc.key == target_key(desc.tvm_target())
+        assert default_work_dir(desc) == default_work_dir(desc.tvm_target())
+    assert preset("h100").key == preset("h200").key == "cuda-sm_90"

@@ -37,6 +37,7 @@ from tvm import relax, te, tirx
 from tvm.script import tirx as T
 
 from .. import targets
+from .peers import thread_pool
 from .quiet import OtherLoad
 
 DEFAULT_PATH = targets.CALIBRATION_PATH
@@ -47,11 +48,6 @@ _DRAM_BYTES = {False: 256 << 20, True: 64 << 20}
 _STREAM_BYTES_PER_CALL = 64 << 20  # cache-sized streams sweep until ~this much moved
 _LAUNCH_KERNELS = 64  # N tiny kernels: t_N - t_1 must dwarf the timer noise (~1 us).
 _FMA_ACCUMULATORS = 12  # independent chains: > FMA latency (4) x pipes (2), < vector registers.
-
-
-def _thread_pool(nthreads: int) -> None:
-    """Size TVM's CPU thread pool (mode 1 = "big" cores: all of them on a symmetric CPU)."""
-    tvm.get_global_func("runtime.config_threadpool")(1, nthreads)
 
 
 def _median(rt_mod, name: str, args, repeat: int, min_repeat_ms: int) -> float:
@@ -141,7 +137,9 @@ def _fma_kernel(tasks: int, iters: int, lanes: int, nacc: int):
     return fma
 
 
-def _fp32_flops(lanes: int, cores: int, target, iters: int, repeat: int, ms: int) -> float:
+def fp32_flops(lanes: int, cores: int, target, iters: int, repeat: int, ms: int) -> float:
+    """FP32 FLOP/s of independent FMA chains on ``cores`` x ``lanes`` lanes: the peak the
+    calibration records (and ``scripts/bench_kernels.py --peak`` times beside its kernels)."""
     tasks = cores * 4
     nacc = _FMA_ACCUMULATORS
     ex = _build(_fma_kernel(tasks, iters, lanes, nacc), "fma", target)
@@ -235,7 +233,7 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
         figures[key] = fn(*args)
         timings[key] = round(time.perf_counter() - t0, 3)
 
-    _thread_pool(cores)
+    thread_pool(cores)
     try:
         timed("dram_bw", _stream_bandwidth, _DRAM_BYTES[quick], lanes, cores, target, *plan)
         # Both buffers (in + out) fill half of a level, so the stream stays resident in it.
@@ -245,11 +243,11 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
             l3 = caches["l3_bytes"]
             timed("l3_bw", _stream_bandwidth, l3 // 4, lanes, cores, target, *plan)
         iters = 20_000 if quick else 100_000
-        timed("fp32_flops", _fp32_flops, lanes, cores, target, iters, *plan)
+        timed("fp32_flops", fp32_flops, lanes, cores, target, iters, *plan)
         timed("launch_s", _launch_seconds, True, cores, target, *plan)
         timed("launch_s_serial", _launch_seconds, False, cores, target, *plan)
     finally:
-        _thread_pool(pool_default)
+        thread_pool(pool_default)
     return {
         "cpu": cpu,
         "cpu_model": targets.host_cpu_model(),

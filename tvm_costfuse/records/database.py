@@ -78,18 +78,25 @@ def tuning_root() -> Path:
     return Path("~/.cache/tvm_costfuse/tuning_logs").expanduser()
 
 
-def target_dir(target: tvm.target.Target | str) -> Path:
-    """``<tuning_root>/<kind>-<chip>``: the CPU model for llvm (``llvm-znver4``), the
-    architecture for cuda (``cuda-sm_90``; GPUs of one architecture, such as H100 and H200,
-    share a folder). Meta-schedule tunes whole-model kernels into it."""
+def target_key(target) -> str:
+    """``<kind>-<chip>``: the CPU model for llvm (``llvm-znver4``), the architecture for cuda
+    (``cuda-sm_90``; GPUs of one architecture, such as H100 and H200, share it). ``target``: a
+    ``tvm.target.Target`` (or its dict / string form), or anything with a ``key`` (a
+    ``TargetDesc`` names itself)."""
+    if hasattr(target, "key"):
+        return target.key
     target = tvm.target.Target(target)
     attrs = target.attrs if target.attrs is not None else {}
     chip = attrs.get("arch", "") if target.kind.name == "cuda" else attrs.get("mcpu", "")
-    name = f"{target.kind.name}-{chip}" if chip else target.kind.name
-    return tuning_root() / name
+    return f"{target.kind.name}-{chip}" if chip else target.kind.name
 
 
-def default_work_dir(target: tvm.target.Target | str) -> Path:
+def target_dir(target) -> Path:
+    """``<tuning_root>/<target_key>``: meta-schedule tunes whole-model kernels into it."""
+    return tuning_root() / target_key(target)
+
+
+def default_work_dir(target) -> Path:
     """``<target_dir>/groups``: candidate groups timed under our rules, a different question
     from meta-schedule's best schedule of a kernel, so a folder of its own."""
     return target_dir(target) / "groups"

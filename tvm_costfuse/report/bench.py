@@ -25,6 +25,15 @@ import numpy as np
 import tvm
 
 from .. import models
+from ..measurement.peers import (
+    SAMPLE_MS,
+    compiled_call,
+    eager_sampler,
+    first_output,
+    ort_session,
+    thread_pool,
+    with_threads,
+)
 from ..measurement.quiet import OtherLoad
 from ..measurement.timing import (
     SCALED_TOLERANCE,
@@ -39,7 +48,7 @@ from ..strategies import strategy_pipeline
 from ..targets import host_target
 from .cells import is_shape_func
 
-__all__ = ["DEFAULT_PEERS", "DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "disturbed", "eager_sampler",
+__all__ = ["DEFAULT_PEERS", "DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "disturbed",
            "speedup", "table", "workload"]
 
 OURS = ("none", "tvm", "costfuse")
@@ -47,7 +56,6 @@ PEERS = ("eager", "ort", "compile")
 #: The peers timed unless others are asked for (``compile`` spends minutes compiling a model).
 DEFAULT_PEERS = ("eager", "ort")
 _NO_TORCH = "no PyTorch form (a corpus name or a .pt2 has one)"
-_SAMPLE_MS = 50
 # A row timed while other processes kept more than this many cores busy is marked: a 2-vCPU
 # host's 2-thread figures moved 2x under a short script elsewhere.
 DISTURBED_CORES = 0.1
@@ -115,56 +123,6 @@ def _export_onnx(module, args, names: list[str], path: str) -> None:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
-def _thread_pool(threads: int) -> None:
-    tvm.get_global_func("runtime.config_threadpool")(1, threads)
-
-
-def _with_threads(sample: Callable[[], float], threads: int) -> Callable[[], float]:
-    """A TVM sampler run with the thread pool sized ``threads`` (the pool is process-wide)."""
-
-    def timed() -> float:
-        _thread_pool(threads)
-        return sample()
-
-    return timed
-
-
-def eager_sampler(call: Callable[[], object], threads: int) -> Callable[[], float]:
-    """One sample: the mean of back-to-back PyTorch calls over 50 ms at ``threads`` threads."""
-    import torch
-
-    calls = call_sampler(call, _SAMPLE_MS)
-
-    def sample() -> float:
-        torch.set_num_threads(threads)
-        with torch.inference_mode():
-            return calls()
-
-    return sample
-
-
-def compiled_call(w: Workload, threads: int) -> Callable[[], object]:
-    """``torch.compile`` (Inductor, CPU) of the workload's module, compiled at ``threads``
-    threads: Inductor's CPU kernels take the thread count at compile time, so each thread
-    count gets its own compilation (``torch._dynamo.reset`` drops the previous one). Compiled
-    here, by a first call, so that no timed sample pays for it."""
-    import torch
-
-    module, args = w.torch_call
-    torch.set_num_threads(threads)
-    torch._dynamo.reset()
-    fn = torch.compile(module)
-    with torch.inference_mode():
-        fn(*args)
-    return lambda: fn(*args)
-
-
-def _first_output(out) -> np.ndarray:
-    while isinstance(out, (tuple, list)):
-        out = out[0]
-    return out.detach().numpy() if hasattr(out, "detach") else np.asarray(out)
-
-
 def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, peers=DEFAULT_PEERS,
           timed_at: Callable[[int], None] | None = None) -> dict:
     """One model's row: kernels per strategy, and per thread count ms and error per column;
@@ -176,7 +134,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
         import torch
 
         with torch.inference_mode():
-            ref = _first_output(w.eager())
+            ref = first_output(w.eager())
     elif "eager" in peers:
         row["failed"]["eager"] = _NO_TORCH
     if "compile" in peers and w.torch_call is None:
@@ -190,7 +148,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
         tempfile.mkdtemp(dir=tmp), "model.onnx")
     for t in threads:
         target = host_target(t)
-        _thread_pool(t)
+        thread_pool(t)
         samplers: dict[str, Callable[[], float]] = {}
         for s in ours:
             ex = tvm.compile(w.mod, target=target, relax_pipeline=strategy_pipeline(s, target))
@@ -198,16 +156,16 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
             out = run(ex, w.inputs, calls=calls)
             row["kernels"][s] = sum(not is_shape_func(c) for c in calls)
             row["err"][f"{s}@{t}"] = scaled_error(out[0], ref)
-            samplers[f"{s}@{t}"] = _with_threads(vm_sampler(ex, w.inputs, min_ms=_SAMPLE_MS), t)
+            samplers[f"{s}@{t}"] = with_threads(vm_sampler(ex, w.inputs, min_ms=SAMPLE_MS), t)
         if "eager" in peers and w.eager is not None:
             samplers[f"eager@{t}"] = eager_sampler(w.eager, t)
         if "compile" in peers and "compile" not in row["failed"]:
             try:  # a model Inductor cannot compile costs the column, not the row
                 import torch
 
-                call = compiled_call(w, t)
+                call = compiled_call(*w.torch_call, t)
                 with torch.inference_mode():
-                    row["err"][f"compile@{t}"] = scaled_error(_first_output(call()), ref)
+                    row["err"][f"compile@{t}"] = scaled_error(first_output(call()), ref)
             except Exception as err:  # noqa: BLE001 -- reported in the row and the table
                 lines = str(err).splitlines() or [""]
                 row["failed"]["compile"] = f"{type(err).__name__}: {lines[0]}"[:160]
@@ -215,7 +173,12 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
                 samplers[f"compile@{t}"] = eager_sampler(call, t)
         if "ort" in peers and "ort" not in row["failed"]:
             try:  # an export or a session ORT refuses costs the ORT column, not the row
-                sess = _ort_session(w, onnx_path, t)
+                if w.onnx is None:
+                    raise ValueError("no ONNX form (an .onnx file, a corpus name or a .pt2 "
+                                     "has one)")
+                if not isinstance(w.onnx, str) and not os.path.exists(onnx_path):
+                    w.onnx(onnx_path)
+                sess = ort_session(onnx_path, t)
                 feed = {i.name: a
                         for i, a in zip(sess.get_inputs(), w.inputs.values(), strict=True)}
                 row["err"][f"ort@{t}"] = scaled_error(sess.run(None, feed)[0], ref)
@@ -224,7 +187,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
                 row["failed"]["ort"] = f"{type(err).__name__}: {lines[0]}"[:160]
             else:
                 samplers[f"ort@{t}"] = call_sampler(
-                    lambda sess=sess, feed=feed: sess.run(None, feed), _SAMPLE_MS)
+                    lambda sess=sess, feed=feed: sess.run(None, feed), SAMPLE_MS)
         with OtherLoad() as load:
             timed = interleave(samplers, repeat)
         row["other_load"][str(t)] = load.cores
@@ -233,18 +196,6 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
         if timed_at is not None:
             timed_at(t)
     return row
-
-
-def _ort_session(w: Workload, path: str, threads: int):
-    import onnxruntime as ort
-
-    if w.onnx is None:
-        raise ValueError("no ONNX form (an .onnx file, a corpus name or a .pt2 has one)")
-    if not isinstance(w.onnx, str) and not os.path.exists(path):
-        w.onnx(path)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
 def _wrong(row: dict) -> set[str]:

@@ -70,6 +70,13 @@ class TargetDesc:
         """Independent processors a kernel spreads over: SMs on a GPU, cores on a CPU."""
         return self.sm_count if self.kind == CUDA else self.cores
 
+    @property
+    def key(self) -> str:
+        """``<kind>-<chip>``, as TVM names the kind: ``llvm-znver4``, ``cuda-sm_90`` (GPUs of one
+        architecture share it): the folder name of this target's records."""
+        kind = "cuda" if self.kind == CUDA else "llvm"
+        return f"{kind}-{self.arch}" if self.arch else kind
+
     def tvm_target(self) -> tvm.target.Target:
         """The ``tvm.target.Target`` to compile for (dict form: 0.27 rejects string flags)."""
         if self.kind == CUDA:

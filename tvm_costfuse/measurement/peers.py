@@ -1,0 +1,85 @@
+"""Timing the peers a user compares with, at a given thread count: PyTorch eager,
+``torch.compile`` and ONNX Runtime, and our own VM under a sized thread pool.
+
+Every sampler returns the seconds of one sample (``timing.interleave`` takes them), so that
+our columns and the peers' are sampled in the same rounds. Equal threads is the rule of every
+comparison: TVM's pool, ``torch.set_num_threads`` and ORT's ``intra_op_num_threads`` are each
+set to the same count right before their sample (TVM's pool and torch's are process-wide).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import tvm
+
+from .timing import call_sampler
+
+__all__ = ["SAMPLE_MS", "compiled_call", "eager_sampler", "first_output", "ort_session",
+           "thread_pool", "with_threads"]
+
+#: One sample lasts at least this long (back-to-back calls, averaged).
+SAMPLE_MS = 50
+
+
+def thread_pool(threads: int) -> None:
+    """Size TVM's CPU thread pool (mode 1 = "big" cores: all of them on a symmetric CPU)."""
+    tvm.get_global_func("runtime.config_threadpool")(1, threads)
+
+
+def with_threads(sample: Callable[[], float], threads: int) -> Callable[[], float]:
+    """A TVM sampler run with the thread pool sized ``threads``."""
+
+    def timed() -> float:
+        thread_pool(threads)
+        return sample()
+
+    return timed
+
+
+def eager_sampler(call: Callable[[], object], threads: int) -> Callable[[], float]:
+    """One sample: the mean of back-to-back PyTorch calls over :data:`SAMPLE_MS` at
+    ``threads`` threads, in inference mode."""
+    import torch
+
+    calls = call_sampler(call, SAMPLE_MS)
+
+    def sample() -> float:
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            return calls()
+
+    return sample
+
+
+def compiled_call(module, args: tuple, threads: int) -> Callable[[], object]:
+    """``torch.compile`` (Inductor, CPU) of ``module`` called on ``args``, compiled at
+    ``threads`` threads: Inductor's CPU kernels take the thread count at compile time, so each
+    thread count gets its own compilation (``torch._dynamo.reset`` drops the previous one).
+    Compiled here, by a first call, so that no timed sample pays for it."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch._dynamo.reset()
+    fn = torch.compile(module)
+    with torch.inference_mode():
+        fn(*args)
+    return lambda: fn(*args)
+
+
+def ort_session(path: str, threads: int):
+    """An ONNX Runtime CPU session on the file at ``path`` with ``threads`` intra-op threads
+    (and one inter-op thread: the graph's ops run one after another, as ours do)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def first_output(out) -> np.ndarray:
+    """The first tensor of a model's output (nested tuples and lists), as NumPy."""
+    while isinstance(out, (tuple, list)):
+        out = out[0]
+    return out.detach().numpy() if hasattr(out, "detach") else np.asarray(out)
