@@ -1,7 +1,7 @@
 """Why the learned model decided worse than the analytical one on some families: decisions that
 mix the trees' times with the analytical model's.
 
-Leave one family out on the measured rows (as ``eval_cost_model.py evaluate --by family``),
+Leave one family out on the measured rows (as ``costfuse evaluate --by family``),
 every pair sorted by how many of its three groups (left, right, union) the trees answer
 (0-3; the others fall back to the analytical model), with the pairs each model decides right
 in each bucket; then the pooled accuracy of ways to answer a decision:
@@ -33,7 +33,7 @@ from tvm_costfuse import models
 from tvm_costfuse.cost import evaluation
 from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.features import GroupFeatures
-from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, _usable, measured_seconds, train_rows
+from tvm_costfuse.cost.learned import FALLBACK_CONFIDENCE, usable_row, measured_seconds, train_rows
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.records.database import GroupDatabase
 
@@ -43,7 +43,7 @@ _SHRINK = 10
 
 def _rows(work_dir: str) -> list[dict]:
     return [r for r in GroupDatabase(work_dir).rows()
-            if _usable(r) and not models.synthetic.is_synthetic(r["model"])]
+            if usable_row(r) and not models.synthetic.is_synthetic(r["model"])]
 
 
 def _correction(train: list[dict], desc) -> dict:

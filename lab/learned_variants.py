@@ -1,5 +1,5 @@
 """Variants of the learned cost model tried against the analytical one, on the same
-measured rows and the same decision-accuracy metric as ``eval_cost_model.py evaluate``.
+measured rows and the same decision-accuracy metric as ``costfuse evaluate``.
 
 Two held-out sets: each zoo architecture in turn (small and full variants together), and each
 synthetic program in turn. Variants (XGBoost at the shallow hyper-parameters the learned model
@@ -49,20 +49,16 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import xgboost as xgb
 
 from tvm_costfuse import models
 from tvm_costfuse.cost import learned
-from tvm_costfuse.targets import for_target, host_target
-from tvm_costfuse.records.database import GroupDatabase, default_work_dir
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from eval_cost_model import _pairs
-
+from tvm_costfuse.cost.evaluation import pairs as decision_pairs
 from tvm_costfuse.cost.learned import measured_seconds
+from tvm_costfuse.records.database import GroupDatabase, default_work_dir
+from tvm_costfuse.targets import for_target, host_target
 
 PAIR_SCALE = 0.1  # weight of the per-kernel term in the pairwise objective
 # The learned model's trees before the coverage radius, which the variants
@@ -81,8 +77,8 @@ class Data:
         target = host_target()
         self.desc = for_target(target)
         self.rows = [r for r in GroupDatabase(default_work_dir(target)).rows()
-                     if learned._usable(r)]
-        self.x = np.array([learned._inputs(learned._features_of(r), self.desc)[0]
+                     if learned.usable_row(r)]
+        self.x = np.array([learned._inputs(learned.features_of(r), self.desc)[0]
                            for r in self.rows])
         self.y = np.array([math.log(measured_seconds(r)) for r in self.rows])
         names = learned.input_names()
@@ -97,7 +93,8 @@ class Data:
         pairs = []
         for m in sorted(set(self.model)):
             group = [self.rows[i] for i in np.flatnonzero(self.model == m)]
-            pairs += [(where[id(a)], where[id(b)], where[id(u)]) for a, b, u in _pairs(group)]
+            pairs += [(where[id(p.left)], where[id(p.right)], where[id(p.union)])
+                      for p in decision_pairs(group)]
         self.pairs = np.array(pairs)
 
 
@@ -209,7 +206,7 @@ def _term_matrix(d: Data) -> np.ndarray:
     classes = learned._SCHEDULES
     out = np.zeros((len(d.rows), 4 * len(classes)))
     for i, row in enumerate(d.rows):
-        f = learned._features_of(row)
+        f = learned.features_of(row)
         b = estimate(f, d.desc).breakdown
         k = 4 * classes.index(f.schedule_on(d.desc.kind))
         out[i, k:k + 4] = (b["launch"], max(b["memory"], b["compute"]),
@@ -332,7 +329,7 @@ def _per_store(d: Data) -> np.ndarray:
     missing = [r["workload_hash"] for r in d.rows if r["workload_hash"] not in by_hash]
     if missing:
         raise SystemExit(f"{len(missing)} rows have no tuning record in the database "
-                         "(regenerate it: eval_cost_model.py measure)")
+                         "(regenerate it: costfuse tune)")
     return np.array([by_hash[r["workload_hash"]] for r in d.rows])
 
 

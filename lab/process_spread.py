@@ -1,6 +1,6 @@
 """How much a side-by-side label depends on the worker process that timed it.
 
-``eval_cost_model.py pairs --processes N`` times each decision's three kernels in N worker
+``costfuse tune --labels pairs --processes N`` times each decision's three kernels in N worker
 processes and keeps each process's samples (``run_secs_by_process``). This prints, over the
 records timed in more than one process: how often one process alone would have labelled the
 decision otherwise than all of them do (a kernel's time: the mean of its processes' medians,

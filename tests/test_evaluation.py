@@ -1,14 +1,19 @@
 """``cost.evaluation``: decisions reconstructed from measured groups, scored with abstention
-and against the trivial baselines; time ratios and rank correlation."""
+and against the trivial baselines; time ratios and rank correlation; and ``costfuse evaluate``,
+which prints them leaving one family out, on a tiny database."""
 
 from __future__ import annotations
 
+import json
 import math
 
+import numpy as np
 import pytest
 
 from tvm_costfuse import models
+from tvm_costfuse.cli import main
 from tvm_costfuse.cost import evaluation
+from tvm_costfuse.cost.features import FEATURE_NAMES, GroupFeatures
 
 
 def _row(members: str, seconds: float) -> dict:
@@ -90,3 +95,93 @@ def test_every_zoo_model_has_a_family() -> None:
     assert families <= {"cnn", "encoder", "decoder", "decode", "elementwise"}
     assert models.family("bert_layer@small") == "encoder"
     assert models.family("synth-3") == "synthetic"
+
+
+def _db_row(model: str, members: str, seconds: float, rng) -> dict:
+    """A measured group as ``costfuse tune`` records it (features of a made-up elementwise
+    group, its size drawn by ``rng``)."""
+    n, elems = len(members), int(rng.integers(1 << 10, 1 << 16))
+    f = GroupFeatures(n_ops=n, n_contractions=0, n_reductions=0, flops=float(elems * n),
+                      contraction_flops=0.0, recompute_flops=0.0, bytes_in=4 * elems,
+                      bytes_out=4 * elems, bytes_internal=4 * elems * (n - 1), chain_length=n,
+                      out_elems=elems, n_args=2, live_values=1, accumulators=0, dtype_bytes=4)
+    return {"model": model, "members": list(members), "features": f.vector(),
+            "feature_names": list(FEATURE_NAMES), "context": f.context(),
+            "workload_hash": f"{model}/{members}", "run_secs": [seconds * s for s in
+                                                                (0.99, 1.0, 1.01)],
+            "error": None}
+
+
+# Per model (family): how many of its two decisions (a+b, c+d) fusing wins.
+_FUSE_WINS = {"conv_bn_relu@small": 2, "rmsnorm@small": 1, "mlp_gelu@small": 0,
+              "synth-0": 1}
+
+
+@pytest.fixture
+def tuning_folder(tmp_path):
+    """Two decisions per model: a+b and c+d, each part 2 us and the union 3 us (fusing wins)
+    or 5 us (it loses); one side-by-side record and one in-model label beside them."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for model, wins in _FUSE_WINS.items():
+        for i, (x, y) in enumerate(("ab", "cd")):
+            union = 3e-6 if i < wins else 5e-6
+            rows += [_db_row(model, x, 2e-6, rng), _db_row(model, y, 2e-6, rng),
+                     _db_row(model, x + y, union, rng)]
+    (tmp_path / "features.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    left, right, union = rows[:3]  # conv_bn_relu's a, b and a+b
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(
+        {"model": left["model"], "kernels": "test", "processes": 1, "left": left,
+         "right": right, "union": union}) + "\n")
+    (tmp_path / "in_model.jsonl").write_text(json.dumps(
+        {"model": left["model"], "accepted": True, "fused_s": 1e-5, "split_s": 2e-5,
+         "left": left, "right": right, "union": union}) + "\n")
+    return tmp_path
+
+
+def _table(out: str, title: str) -> dict[str, list[str]]:
+    """The rows of the table under the line starting with ``title``, by their first cell."""
+    block = out.split(title, 1)[1].split("\n\n", 1)[0]
+    rows = [ln for ln in block.splitlines()[2:] if ln and not ln.startswith(("-", "("))]
+    return {ln[:20].strip(): ln[20:].split() for ln in rows}
+
+
+def _percent(cell: str) -> float:
+    value = float(cell.split("+-")[0])
+    assert 0.0 <= value <= 100.0, cell
+    return value
+
+
+def test_evaluate_command_prints_each_family_held_out_against_the_baselines(
+        tuning_folder, capsys) -> None:
+    assert main(["evaluate", "--work-dir", str(tuning_folder), "--seeds", "2",
+                 "--min-records", "5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("18 measured groups of 3 model variants (3 family units), 6 of 1 "
+                          "synthetic programs")
+    table = _table(out, "Leave one family out")
+    assert set(table) == {"cnn", "decoder", "encoder", "all (pooled)"}
+    for unit, wins in (("cnn", 2), ("decoder", 1), ("encoder", 0), ("all (pooled)", 3)):
+        groups, pairs, always_fuse, best_trivial, analytical = table[unit][:5]
+        n = 6 if unit == "all (pooled)" else 2
+        assert (int(groups), int(pairs)) == (3 * n, n)
+        # always fuse is right where fusing won; never fuse elsewhere; the better of the two
+        assert _percent(always_fuse) == pytest.approx(100 * wins / n, abs=0.05)
+        assert _percent(best_trivial) == pytest.approx(100 * max(wins, n - wins) / n, abs=0.05)
+        _percent(analytical)
+        _percent(table[unit][7])  # the learned model, mean over the seeds
+    assert "(xgb: 2 training seeds" in out
+    assert "Side-by-side labels (1 decisions" in out
+    assert _percent(_table(out, "Side-by-side labels")["cnn"][2]) == 100.0  # always fuse
+    in_model = _table(out, "In-model labels (1 final decisions")
+    assert in_model["cnn"][:3] == ["1", "100.0", "100.0"] and in_model["cnn"][-1] == "1/1"
+    synthetic = _table(out, "Unseen synthetic programs")
+    assert _percent(synthetic["synth-0"][2]) == 50.0
+
+
+def test_evaluate_without_measurements_is_one_line(tmp_path, capsys) -> None:
+    assert main(["evaluate", "--work-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    said = (f"costfuse evaluate: error: no measured groups in {tmp_path}: `costfuse tune` "
+            "measures them")
+    assert err == [said]

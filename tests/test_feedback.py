@@ -232,6 +232,22 @@ def test_tune_command_measures_retrains_and_replans(tmp_path, capsys):
     assert "measured 0, failed 0, reused 0, already recorded 3" in capsys.readouterr().out
 
 
+def test_tune_times_the_other_labels_one_file_each(tmp_path, capsys):
+    from tvm_costfuse.cli import main
+
+    common = ["rmsnorm", "--small", "--budget", "1", "--repeat", "2", "--work-dir", str(tmp_path)]
+    assert main(["tune", *common, "--labels", "pairs"]) == 0
+    out = capsys.readouterr().out
+    assert "rmsnorm@small: 1 decisions timed side by side, 0 failed" in out, out
+    assert main(["tune", *common, "--labels", "in-model"]) == 0
+    out = capsys.readouterr().out
+    assert "rmsnorm@small: 1 decisions timed in the model" in out, out
+    for name in ("pairs.jsonl", "in_model.jsonl"):
+        assert len((tmp_path / name).read_text().splitlines()) == 1
+    assert not (tmp_path / "features.jsonl").exists()  # no groups measured, none retrained on
+    assert main(["tune", "--retrain-only", "--work-dir", str(tmp_path)]) == 2
+
+
 def test_rpc_tracker_runner_measures_on_a_localhost_server(tmp_path):
     # A TVM RPC tracker and one server registered under a key, both on loopback: measurement
     # builds here and runs there, as it would on another machine of the target kind.

@@ -1,14 +1,16 @@
 """The ``costfuse`` command: cost-model-driven operator fusion for TVM, from the shell.
 
-Its arguments and their checks are in ``cli_args``; here are the commands. ``demo`` is the
-README's main job: it compiles a zoo model under several fusion strategies, checks that they
-compute the same thing, and prints kernels launched and measured latency
-side by side (one process, one machine state: ratios, not absolute numbers, are the claim).
+Its parser is in ``cli_args`` and the checks of each value in ``cli_types``; here are the
+commands. ``demo`` is the README's main job: it compiles a zoo model under several fusion
+strategies, checks that they compute the same thing, and prints kernels launched and measured
+latency side by side (one process, one machine state: ratios, not absolute numbers, are the
+claim).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -18,8 +20,8 @@ import numpy as np
 import tvm
 
 from . import models
-from .cli_args import DEMO_MODELS, DEMO_NOTES, UsageError, build_parser
-from .config import FusionConfig
+from .cli_args import DEMO_MODELS, DEMO_NOTES, build_parser, check_tune
+from .cli_types import UsageError
 from .cost.learned import ModelFileError
 from .graph import build_graph
 from .measurement.timing import assert_close, interleaved_medians, run
@@ -29,7 +31,6 @@ from .records.database import headline
 from .records.integrity import DatabaseLocked, exclusive
 from .strategies import STRATEGIES, strategy_pipeline
 from .targets import host_target, resolve
-from .transform import plan_module
 
 
 def _load(spec: str, small: bool, loader=models.load):
@@ -80,40 +81,9 @@ def _demo(spec: str, small: bool, repeat: int) -> None:
         print(f"{name:<9} {kernels[name]:>7} {compile_s[name]:>10.2f} "
               f"{seconds[name] * 1e3:>11.3f} {seconds['tvm'] / seconds[name]:>6.2f}x")
     print("numerics: every strategy matches no fusion (rtol 1e-4, atol 1e-5)")
-    _print_decisions(mod, target, seconds["tvm"] / seconds["costfuse"])
+    from .report.decided import summary
 
-
-# Ratios closer to 1 than this are reported as ties, not as a win or a loss.
-_NOISE = 0.02
-
-
-def _print_decisions(mod: tvm.IRModule, target, measured: float, shown: int = 8) -> None:
-    """What CostFuse decided differently from FuseOps, priced, and the headline: the measured
-    ratio next to the predicted one, a loss named as one with where it comes from."""
-    from .report.decided import describe, differences
-
-    prepared = prepare(mod, target)
-    graph = build_graph(prepared)
-    desc, config = resolve(target).desc, FusionConfig.resolve()
-    plan = plan_module(prepared, desc, config)
-    diffs = differences(graph, desc, config, fuseops_groups(prepared), plan.groups)
-    if not diffs:
-        print("CostFuse chose FuseOps' kernels on this model: the latencies differ by noise only")
-        return
-    theirs, ours = sum(d.fuseops_s for d in diffs), sum(d.costfuse_s for d in diffs)
-    print(f"CostFuse decided {len(diffs)} region(s) differently from FuseOps"
-          + (f" (first {shown})" if len(diffs) > shown else "") + ":")
-    for d in diffs[:shown]:
-        print(f"  {describe(graph, d)}")
-    verdict = ("faster" if measured >= 1 + _NOISE else "SLOWER" if measured <= 1 - _NOISE
-               else f"the same within {_NOISE:.0%} noise")
-    print(f"CostFuse vs FuseOps, same schedules: {measured:.2f}x measured ({verdict}); the cost "
-          f"model predicted {theirs / ours:.2f}x on these regions ({(theirs - ours) * 1e6:.1f} us "
-          "saved)")
-    if measured <= 1 - _NOISE:
-        print("  a loss: the cost model priced these regions wrong on this host (its "
-              "description of the host, or a kernel it does not model); `costfuse explain` "
-              "shows each price, `costfuse calibrate` re-measures the host")
+    print("\n".join(summary(mod, target, seconds["tvm"] / seconds["costfuse"])))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -267,67 +237,77 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """Measure the planner's candidate groups (most consequential first: the greedy planner
-    weighs merges in order of predicted gain), retrain the learned model, re-plan."""
-    from .cost.learned import train  # xgboost loads only on demand
-    from .planner import plan_greedy
-    from .records.database import default_work_dir
-    from .transform import plan_module
-    from .tuning.feedback import MeasureConfig, measure_model
+    """Measure one kind of label (``tuning.labels``) for each model variant asked for, most
+    consequential first (the greedy planner weighs merges in order of predicted gain); after
+    candidate groups, retrain the learned model and re-plan each model with it."""
+    from .records.database import FEATURES_FILE, default_work_dir
+    from .tuning import labels
 
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress is a convenience: plain lines then
-        tqdm = None
-    if args.target != "host" and args.rpc_tracker:
-        raise UsageError("--rpc-tracker times CPU kernels only; run a GPU target on the "
-                         "GPU machine itself")
+    check_tune(args)
     resolved = resolve(args.target)  # a GPU preset: CUDA kernels, ptxas always, timed on a GPU
-    target, desc = resolved.tvm, resolved.desc
-    work_dir = Path(args.work_dir or default_work_dir(target))
+    work_dir = Path(args.work_dir or default_work_dir(resolved.tvm))
+    if args.retrain_only and not (work_dir / FEATURES_FILE).is_file():
+        raise UsageError(f"no measured groups in {work_dir} to retrain on")
     if not args.wait:  # refuse a held folder before building anything (measuring re-checks)
         work_dir.mkdir(parents=True, exist_ok=True)
         with exclusive(work_dir):
             pass
-    mod, _ = _load(args.model, args.small)
-    model_name = models.variant_name(args.model, args.small)  # as the scripts record it
-    prepared = prepare(mod, target)
-    before = plan_module(prepared, desc, FusionConfig(cost_model="analytical"))
-    bar = tqdm(total=args.budget, desc=f"tune {model_name}", unit="group") if tqdm else None
+    kind = args.labels
+    budget = (labels.DEFAULT_BUDGET[kind] if args.budget is None
+              else None if args.budget == "all" else args.budget)
+    opts = labels.LabelOptions(
+        kind=kind, budget=budget, repeat=args.repeat or labels.DEFAULT_REPEAT[kind],
+        min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout, processes=args.processes or 1,
+        rpc_tracker=args.rpc_tracker, wait=args.wait)
+    prepared = {}
+    for spec, small in labels.variants(args.models, args.size, args.synthetic):
+        mod, inputs = _load(spec, small)
+        name = models.variant_name(spec, small)  # as the rows record it
+        if args.retrain_only:
+            prepared[name] = prepare(mod, resolved.tvm)
+            continue
+        with _progress(f"tune {name}", opts.budget, kind) as log:
+            done = labels.LABELLERS[kind](name, mod, inputs, resolved, work_dir, opts, log)
+        for note in done.repairs:
+            print(f"repaired: {note}", file=sys.stderr)
+        print(done.line, flush=True)
+        prepared[name] = done.prepared
+    if kind == "groups":
+        print("\n".join(labels.retrain(work_dir, resolved, prepared)))
+    return 0
 
-    def log(line: str) -> None:
-        if bar is not None:
+
+@contextlib.contextmanager
+def _progress(title: str, total: int | None, kind: str):
+    """A progress bar over ``total`` groups or decisions, one a call of the log it yields (a
+    line each when tqdm is missing: progress is a convenience)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        yield lambda line: print(line, flush=True)
+        return
+    unit = "group" if kind == "groups" else "decision"
+    with tqdm(total=total, desc=title, unit=unit) as bar:
+        def log(line: str) -> None:
             bar.update(1)
             bar.set_postfix_str(line.strip()[-60:])
-        else:
-            print(line, flush=True)
 
-    try:
-        summary = measure_model(model_name, prepared, resolved, work_dir,
-                                MeasureConfig(repeat=args.repeat, rpc_tracker=args.rpc_tracker),
-                                max_groups=args.budget, prepared=True, log=log, wait=args.wait)
-    finally:
-        if bar is not None:
-            bar.close()
-    for note in summary.repairs:
-        print(f"repaired: {note}", file=sys.stderr)
-    print(f"measured {summary.measured}, failed {summary.failed}, reused {summary.reused}, "
-          f"already recorded {summary.skipped}, unformable {summary.unformable}, "
-          f"views {summary.views}"
-          + (f", {summary.stale} recorded before for other kernels (taken up again)"
-             if summary.stale else "")
-          + (f", compiled and ptxas-profiled but not timed (no GPU) {summary.untimed}"
-             if summary.untimed else "")
-          + (f", {summary.environment} of the failures environmental (measured again next "
-             "time)" if summary.environment else "")
-          + f" into {work_dir}")
-    learned = train(work_dir, desc)
-    after = plan_greedy(build_graph(prepared), desc, FusionConfig(cost_model="xgb"), learned)
-    print(f"plan: {before.kernels()} kernels (analytical) -> {after.kernels()} kernels (xgb, "
-          f"{learned.n_records} records; {sum(learned.fallbacks.values())} queries fell back "
-          f"to analytical)")
-    for group in sorted(set(after.groups) - set(before.groups)):
-        print(f"  new group: {' + '.join(group)}")
+        yield log
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Leave one unit out and score the cost models on its labels (``report.evaluate``)."""
+    from .records.database import FEATURES_FILE, default_work_dir
+    from .report.evaluate import EvalOptions, evaluate
+
+    target = resolve("host")
+    work_dir = Path(args.work_dir or default_work_dir(target.tvm))
+    if not (work_dir / FEATURES_FILE).is_file():
+        raise UsageError(f"no measured groups in {work_dir}: `costfuse tune` measures them")
+    opts = EvalOptions(by=args.by, seeds=args.seeds, margin=args.margin,
+                       min_records=args.min_records, train_side_by_side=args.train_side_by_side,
+                       train_synthetic=args.train_synthetic)
+    evaluate(work_dir, target.desc, opts, out=lambda line: print(line, flush=True))
     return 0
 
 
@@ -354,7 +334,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 COMMANDS = {"demo": cmd_demo, "compile": cmd_compile, "bench": cmd_bench, "models": cmd_models,
             "graph": cmd_graph, "explain": cmd_explain, "compare": cmd_compare, "tune": cmd_tune,
-            "refeature": cmd_refeature, "calibrate": cmd_calibrate}
+            "evaluate": cmd_evaluate, "refeature": cmd_refeature, "calibrate": cmd_calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,191 +1,40 @@
 """The ``costfuse`` command's arguments: its parser (:func:`build_parser`, one help line on
-every argument: ``costfuse <command> --help`` is the reference) and every check of what the
-user typed, each an argparse ``type=`` so that a bad value is refused with one line before any
-work starts. The commands themselves are in ``cli``."""
+every argument: ``costfuse <command> --help`` is the reference) and the checks of options that
+only together are wrong (:func:`check_tune`). Each value's own check is its ``type=``, in
+``cli_types``; the commands themselves are in ``cli``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
-import tempfile
-from collections.abc import Callable
-from pathlib import Path
 
-from . import models
+from .cli_types import (
+    UsageError,
+    budget,
+    compare_models,
+    config_int,
+    csv_choices,
+    existing_dir,
+    float_in,
+    int_at_least,
+    model_spec,
+    one_model,
+    output_dir,
+    output_file,
+    plot_file,
+    rpc_tracker,
+    target_spec,
+    tune_model,
+)
 from .config import INT_RANGES, FusionConfig
 from .report.compare import COMPARED, TARGETS
 from .targets import preset_names
 
-__all__ = ["DEMO_MODELS", "DEMO_NOTES", "DESCRIPTION", "UsageError", "build_parser",
-           "compare_models", "config_int", "csv_choices", "int_at_least", "model_spec", "one_model", "output_dir",
-           "output_file", "plot_file", "rpc_tracker", "target_spec", "version"]
+__all__ = ["DEMO_MODELS", "DEMO_NOTES", "DESCRIPTION", "build_parser", "check_tune", "version"]
 
 DESCRIPTION = ("costfuse: cost-model-driven operator fusion for Apache TVM (Relax). Compare "
                "its fusion plans with TVM's FuseOps, explain them, and tune its learned cost "
                "model on this machine.")
-
-
-class UsageError(Exception):
-    """A user error a command finds only while it runs (a model file that does not load, a
-    tuning folder another session holds): printed as one line, exit status 2."""
-
-
-def model_spec(text: str) -> str:
-    """argparse type of a model argument: a registry name or an existing model file."""
-    if models.is_name(text):
-        return text
-    if text.endswith((".onnx", ".pt2")):
-        if not Path(text).is_file():
-            raise argparse.ArgumentTypeError(f"model file {text!r} does not exist")
-        return text
-    raise argparse.ArgumentTypeError(
-        f"unknown model {text!r}; choose a name from `costfuse models` or an .onnx/.pt2 path")
-
-
-def compare_models(text: str) -> list[str]:
-    """Comma-separated model specs of ``compare``: ``all`` (the zoo), ``corpus``, what
-    :func:`model_spec` takes,
-    or ``package.module:function`` whose module can be found."""
-    specs = [x for x in text.split(",") if x]
-    for spec in specs:
-        if spec in ("all", "corpus") or spec.endswith((".onnx", ".pt2")) or ":" not in spec:
-            if spec not in ("all", "corpus"):
-                model_spec(spec)
-            continue
-        module = spec.split(":", 1)[0]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise argparse.ArgumentTypeError(f"{spec!r}: no Python module {module!r}")
-    if not specs:
-        raise argparse.ArgumentTypeError("no model given")
-    return specs
-
-
-def one_model(text: str) -> str:
-    """argparse type of ``compile``'s model: what :func:`model_spec` takes, or
-    ``package.module:function`` whose module can be found."""
-    if text in ("all", "corpus") or "," in text:
-        raise argparse.ArgumentTypeError(f"{text!r}: give one model")
-    return compare_models(text)[0]
-
-
-def target_spec(text: str) -> str:
-    """argparse type of a target string: a preset name or a tvm target (``llvm -mcpu=...``,
-    ``cuda -arch=sm_90``), checked by the resolver the pass itself uses."""
-    from .targets import resolve
-
-    try:
-        resolve(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
-
-def csv_choices(choices) -> Callable[[str], object]:
-    """argparse type of a comma-separated list whose items must be in ``choices``; an empty
-    list or an unknown item is refused naming the valid choices."""
-    valid = ", ".join(choices)
-
-    def parse(text: str) -> list[str]:
-        items = [x.strip() for x in text.split(",") if x.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(
-                f"empty list; give one or more of {valid} (comma-separated)")
-        bad = [x for x in items if x not in choices]
-        if bad:
-            raise argparse.ArgumentTypeError(
-                f"unknown {', '.join(map(repr, bad))}; choose from {valid} (comma-separated)")
-        return items
-
-    return parse
-
-
-def int_at_least(lo: int) -> Callable[[str], object]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < lo:
-            raise argparse.ArgumentTypeError(f"must be at least {lo}, got {value}")
-        return value
-
-    return parse
-
-
-def config_int(field: str) -> Callable[[str], object]:
-    """argparse type of a ``FusionConfig`` int: the range the config itself enforces."""
-    lo, hi = INT_RANGES[field]
-
-    def parse(text: str) -> int:
-        value = int_at_least(lo)(text)
-        if value > hi:
-            raise argparse.ArgumentTypeError(f"must be in [{lo}, {hi}], got {value}")
-        return value
-
-    return parse
-
-
-def _writable_in(folder: Path) -> None:
-    """Raise ArgumentTypeError unless a file can be created in ``folder`` (tried, not
-    guessed from permission bits: root passes ``os.access`` on read-only mounts)."""
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".costfuse-probe-"):
-            pass
-    except OSError as err:
-        raise argparse.ArgumentTypeError(
-            f"cannot write in {folder}: {err.strerror or err}") from None
-
-
-def output_dir(text: str) -> str:
-    """argparse type of an output folder: an existing writable folder, or one that can be
-    created under its nearest existing parent."""
-    path = Path(text).expanduser().absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        raise argparse.ArgumentTypeError(f"{existing} is not a folder")
-    _writable_in(existing)
-    return text
-
-
-def output_file(text: str) -> str:
-    """argparse type of an output file: its folder exists and is writable, and it is not a
-    folder itself."""
-    path = Path(text).expanduser().absolute()
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
-    if not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"folder {path.parent} does not exist")
-    _writable_in(path.parent)
-    return text
-
-
-def plot_file(text: str) -> str:
-    """argparse type of a plot file: writable, with an image format matplotlib writes."""
-    if importlib.util.find_spec("matplotlib") is None:
-        raise argparse.ArgumentTypeError("needs matplotlib (pip install 'tvm_costfuse[plot]')")
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if Path(text).suffix.lstrip(".").lower() not in formats:
-        raise argparse.ArgumentTypeError(
-            f"{text}: not an image format matplotlib writes ({', '.join(sorted(formats))})")
-    return output_file(text)
-
-
-def rpc_tracker(text: str) -> str:
-    """argparse type of ``--rpc-tracker``: HOST:PORT:KEY of a tracker that answers and has a
-    server under KEY (checked now: otherwise every candidate would fail alike)."""
-    from .tuning.runners import check_rpc_tracker  # tvm.rpc loads only when asked
-
-    try:
-        return check_rpc_tracker(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def version() -> str:
@@ -283,10 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--verify", action="store_true",
                       help="also build without fusion and report the largest relative error")
     comp.set_defaults(cmd="compile")
+    from .cost.learned import MIN_RECORDS
     from .report.bench import DEFAULT_PEERS, OURS, PEERS
-    from .strategies import _VARIANTS, STRATEGIES
+    from .strategies import STRATEGIES, VARIANTS
+    from .tuning.labels import LABELS
 
-    ours = tuple(s for s in STRATEGIES if s != "stock") + tuple(_VARIANTS)
+    ours = tuple(s for s in STRATEGIES if s != "stock") + tuple(VARIANTS)
     bench = sub.add_parser("bench", help="time our strategies next to PyTorch eager and ONNX "
                            "Runtime at equal threads (interleaved rounds, numerics checked)")
     bench.add_argument("models", nargs="+", type=one_model,
@@ -328,25 +179,69 @@ def build_parser() -> argparse.ArgumentParser:
                      help="time CUDA builds (default: when a GPU is present)")
     cmp.add_argument("--no-progress", action="store_true", help="no progress bar")
     cmp.set_defaults(cmd="compare")
-    tune = sub.add_parser("tune", help="measure candidate groups into tuning_logs/, retrain the "
-                          "learned model, re-plan (resumable: recorded groups are not re-measured)")
-    tune.add_argument("model", type=model_spec, help=_MODEL)
-    tune.add_argument("--budget", type=int_at_least(1), default=32,
-                      help="candidate groups to measure")
-    tune.add_argument("--small", action="store_true", help=_SMALL)
+    tune = sub.add_parser("tune", help="measure labels for the cost models into tuning_logs/ "
+                          "(by default candidate groups: then retrain the learned model and "
+                          "re-plan; resumable: what is recorded is not measured again)")
+    tune.add_argument("models", nargs="*", type=tune_model, metavar="model",
+                      help=f"{_MODEL}, all (the zoo) or corpus; several allowed")
+    tune.add_argument("--labels", choices=LABELS, default="groups",
+                      help="groups: time each candidate group alone, then retrain and re-plan; "
+                           "pairs: time each candidate decision's three kernels side by side; "
+                           "in-model: time each final decision of the plan fused and split "
+                           "inside the model (`costfuse evaluate` scores all three)")
+    tune.add_argument("--budget", type=budget, default=None, metavar="N|all",
+                      help="per model variant: candidate groups (default 32), or decisions "
+                           "with pairs and in-model (default all); a number or all")
+    tune.add_argument("--size", nargs="+", choices=("small", "full"), default=["full"],
+                      help="the models' shapes, one or both (default full)")
+    tune.add_argument("--small", dest="size", action="store_const", const=["small"],
+                      help=f"{_SMALL}; the same as --size small")
+    tune.add_argument("--synthetic", type=int_at_least(1), default=0, metavar="N",
+                      help="also the random test programs synth-0 .. synth-<N-1>")
     tune.add_argument("--target", default="host", choices=preset_names(),
-                      help="host CPU (timed here), or a GPU preset (CUDA kernels: ptxas "
-                           "registers and spills always, times where a GPU is present)")
-    tune.add_argument("--repeat", type=int_at_least(1), default=3,
-                      help="timed samples per candidate group (default %(default)s)")
-    tune.add_argument("--work-dir", default=None, type=output_dir,
+                      help="host CPU (timed here), or a GPU preset (groups only: CUDA kernels, "
+                           "ptxas registers and spills always, times where a GPU is present)")
+    tune.add_argument("--repeat", type=int_at_least(1), default=None, metavar="N",
+                      help="timed samples per group (default 3); pairs: rounds per process "
+                           "(default 7); in-model: interleaved runs of the model (default 5)")
+    tune.add_argument("--processes", type=int_at_least(1), default=None, metavar="N",
+                      help="pairs: time each decision in this many worker processes (a "
+                           "process's code and buffer placement can slow a kernel steadily); "
+                           "a kernel costs the mean of their medians (default 1)")
+    tune.add_argument("--min-repeat-ms", type=int_at_least(0), default=30, metavar="MS",
+                      help="groups, pairs: the least duration of one timed sample")
+    tune.add_argument("--timeout", type=float_in(0, open_lo=True), default=120.0, metavar="S",
+                      help="groups, pairs: seconds to build and run one kernel")
+    tune.add_argument("--retrain-only", action="store_true",
+                      help="measure nothing: retrain the learned model on the recorded groups "
+                           "and save it, then re-plan the models given")
+    tune.add_argument("--work-dir", default=None, type=output_dir, metavar="DIR",
                       help="default tuning_logs/<target>/groups (TVM_COSTFUSE_TUNING_DIR moves it)")
     tune.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT:KEY",
                       type=rpc_tracker,
-                      help="run the kernels on an RPC server from this TVM tracker")
+                      help="groups: run the kernels on an RPC server from this TVM tracker")
     tune.add_argument("--wait", action="store_true",
                       help="another session writing the folder: wait for it (default: refuse)")
     tune.set_defaults(cmd="tune")
+    ev = sub.add_parser("evaluate", help="score the cost models on the measured labels, "
+                        "leaving one family out: decision accuracy next to always / never fuse")
+    ev.add_argument("--by", choices=("family", "architecture"), default="family",
+                    help="hold out each family (models.family) or each architecture in turn")
+    ev.add_argument("--seeds", type=int_at_least(1), default=5, metavar="N",
+                    help="learned-model trainings per held-out unit (mean +- std)")
+    ev.add_argument("--margin", type=float_in(0, 1), default=0.05, metavar="M",
+                    help="the analytical model abstains below this predicted gain (default 0.05)")
+    ev.add_argument("--min-records", type=int_at_least(1), default=MIN_RECORDS, metavar="N",
+                    help="fewer training rows: the learned model answers analytically")
+    ev.add_argument("--train-side-by-side", action="store_true",
+                    help="train on the other units' side-by-side groups in place of their "
+                         "separately timed rows")
+    ev.add_argument("--train-synthetic", action="store_true",
+                    help="train on the synthetic programs too (default: they are test data)")
+    ev.add_argument("--work-dir", default=None, type=existing_dir, metavar="DIR",
+                    help="default tuning_logs/<this host>/groups (TVM_COSTFUSE_TUNING_DIR "
+                         "moves it)")
+    ev.set_defaults(cmd="evaluate")
     ref = sub.add_parser("refeature", help="recompute the features of recorded groups (after "
                          "the feature schema grew), keeping their timings")
     ref.add_argument("--target", default="host", choices=preset_names(),
@@ -362,3 +257,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="JSON record (default in ~/.cache)")
     cal.set_defaults(cmd="calibrate")
     return parser
+
+
+def check_tune(args: argparse.Namespace) -> None:
+    """``tune``'s options that are wrong together, refused before anything is built."""
+    label_only = {"--processes": args.processes is not None and args.labels != "pairs",
+                  "--rpc-tracker": args.rpc_tracker and args.labels != "groups",
+                  "--retrain-only": args.retrain_only and args.labels != "groups"}
+    for option, wrong in label_only.items():
+        if wrong:
+            raise UsageError(f"{option} does not apply to --labels {args.labels}")
+    if args.target != "host" and args.labels != "groups":
+        raise UsageError(f"--labels {args.labels} times CPU kernels here: use --target host")
+    if args.target != "host" and args.rpc_tracker:
+        raise UsageError("--rpc-tracker times CPU kernels only; run a GPU target on the GPU "
+                         "machine itself")
+    if not (args.models or args.synthetic or args.retrain_only):
+        raise UsageError("no model to measure: name one, all (the zoo), corpus, or give "
+                         "--synthetic N")

@@ -22,7 +22,7 @@ from . import models
 from .config import PREFIX, FusionConfig
 from .measurement.timing import build, run, scaled_error
 from .report.cells import is_shape_func
-from .strategies import _VARIANTS, STRATEGIES, split_strategy, strategy_pipeline
+from .strategies import STRATEGIES, VARIANTS, split_strategy, strategy_pipeline
 from .targets import host_target, resolve
 
 __all__ = ["check_request", "compile_model", "parse_config", "runs_here",
@@ -72,9 +72,9 @@ def check_request(strategy: str, config: Mapping | None, report: str | None,
     """Raise ValueError naming what is wrong with a request, before anything is built."""
     base = split_strategy(strategy)[0]
     if base not in STRATEGIES or base == "stock" or (
-            strategy not in STRATEGIES and strategy not in _VARIANTS):
+            strategy not in STRATEGIES and strategy not in VARIANTS):
         raise ValueError(f"unknown strategy {strategy!r}; choose costfuse, tvm or none "
-                         f"(or {', '.join(_VARIANTS)})")
+                         f"(or {', '.join(VARIANTS)})")
     if config and base != "costfuse":
         raise ValueError(f"--config applies to the costfuse strategies, not {strategy!r}")
     if report is not None and base != "costfuse":

@@ -27,7 +27,7 @@ from .transform import CostFuse
 
 STRATEGIES = ("stock", "none", "tvm", "rules", "costfuse")
 # Named variants: a strategy with fixed options (not in STRATEGIES: they need trained data).
-_VARIANTS = {"costfuse-xgb": ("costfuse", {"cost_model": "xgb"}),
+VARIANTS = {"costfuse-xgb": ("costfuse", {"cost_model": "xgb"}),
              "costfuse-measured": ("costfuse", {"cost_model": "measured"}),
              "costfuse-exact": ("costfuse", {"search": "exact"}),
              "costfuse-xgb-exact": ("costfuse", {"cost_model": "xgb", "search": "exact"})}
@@ -35,7 +35,7 @@ _VARIANTS = {"costfuse-xgb": ("costfuse", {"cost_model": "xgb"}),
 
 def split_strategy(strategy: str) -> tuple[str, dict]:
     """``costfuse-xgb`` -> ("costfuse", {"cost_model": "xgb"}); other names as they are."""
-    return _VARIANTS.get(strategy, (strategy, {}))
+    return VARIANTS.get(strategy, (strategy, {}))
 
 
 @tvm.transform.module_pass(opt_level=0, name="NoFusion")

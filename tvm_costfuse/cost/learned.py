@@ -60,7 +60,7 @@ RANGE_MARGIN = 1.0
 LEARNED_CONFIDENCE = 0.8
 FALLBACK_CONFIDENCE = 0.1
 MODEL_FILE = "xgb_model.json"
-_FAILED = 1e9  # run_secs at or above this are failed records (meta-schedule writes 1e10)
+FAILED = 1e9  # run_secs at or above this are failed records (meta-schedule writes 1e10)
 _SCHEDULES = FINAL
 _TERMS = ("launch", "memory", "compute", "spill")
 # A query answers from the trees only if some training row lies within this distance on every
@@ -127,15 +127,15 @@ def _inputs(f: GroupFeatures, target) -> tuple[np.ndarray, Estimate]:
     return np.asarray(row, dtype=np.float64), est
 
 
-def _features_of(row: dict) -> GroupFeatures:
+def features_of(row: dict) -> GroupFeatures:
     return GroupFeatures.from_row(row)
 
 
-def _usable(row: dict) -> bool:
+def usable_row(row: dict) -> bool:
     """A row that measured successfully (the training data). A lone reshape is not: a model
     runs it as a view (no kernel; predicted 0 s), its row timed a copy kernel."""
-    return (not row.get("error") and any(s < _FAILED for s in row["run_secs"])
-            and not _features_of(row).is_view)
+    return (not row.get("error") and any(s < FAILED for s in row["run_secs"])
+            and not features_of(row).is_view)
 
 
 def measured_seconds(row: dict) -> float:
@@ -143,17 +143,17 @@ def measured_seconds(row: dict) -> float:
     worker processes (``run_secs_by_process``), the mean of their medians: a kernel can run
     at two speeds by the process it lands in (placement; seen 2.8x), and a build pays either."""
     by_process = [kept for runs in row.get("run_secs_by_process", ())
-                  if (kept := [s for s in runs if s < _FAILED])]
+                  if (kept := [s for s in runs if s < FAILED])]
     if len(by_process) > 1:
         return float(np.mean([np.median(runs) for runs in by_process]))
-    return float(np.median([s for s in row["run_secs"] if s < _FAILED]))
+    return float(np.median([s for s in row["run_secs"] if s < FAILED]))
 
 
 def rows_to_dataset(rows: Iterable[dict], target) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, log median seconds) of the rows that measured successfully."""
     xs, ys = [], []
-    for row in filter(_usable, rows):
-        xs.append(_inputs(_features_of(row), target)[0])
+    for row in filter(usable_row, rows):
+        xs.append(_inputs(features_of(row), target)[0])
         ys.append(math.log(measured_seconds(row)))
     width = len(input_names())
     return np.asarray(xs, dtype=np.float64).reshape(-1, width), np.asarray(ys)
@@ -307,7 +307,7 @@ def _architecture_weights(rows: Sequence[dict]) -> np.ndarray:
     its usable rows: a convnet with 50 blocks would otherwise outvote every other model, and
     what the trees learn must carry to the next architecture (leave one model out:
     0.84 -> 0.86 decision accuracy, docs/log/2026-11-29b.md)."""
-    arch = [_architecture(r["model"]) for r in filter(_usable, rows)]
+    arch = [_architecture(r["model"]) for r in filter(usable_row, rows)]
     counts = Counter(arch)
     w = np.asarray([1.0 / counts[a] for a in arch])
     return w * len(w) / w.sum()
@@ -332,7 +332,7 @@ def train_rows(rows: Sequence[dict], target, min_records: int = MIN_RECORDS,
 
 def _target_work_dir(target) -> Path:
     """tuning_logs/<kind>-<arch>/groups for a TargetDesc: the database's default folder."""
-    return default_work_dir(target.tvm_target())
+    return default_work_dir(target)
 
 
 def train(work_dir: str | Path, target=None, save: bool = True,
@@ -389,7 +389,7 @@ def load_learned(target, work_dir: str | Path | None = None) -> LearnedModel:
                 raise
             why = f"is unreadable ({err})"
         _log.warning("learned model in %s %s: training one in memory from its measurements "
-                     "(`costfuse tune` or `eval_cost_model.py train` saves one)", work_dir, why)
+                     "(`costfuse tune` or `costfuse tune --retrain-only` saves one)", work_dir, why)
     if measured:
         return train(work_dir, target, save=False)
     _log.warning("no measured groups in %s: the learned model will answer analytically",

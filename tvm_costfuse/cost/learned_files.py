@@ -18,8 +18,7 @@ class ModelFileError(RuntimeError):
 def unreadable(path: Path, why: str) -> ModelFileError:
     return ModelFileError(
         f"learned-model file {path} is unreadable ({why}); delete the xgb_model.* files in "
-        f"{path.parent} and retrain from its features.jsonl with `costfuse tune` (or "
-        "`scripts/eval_cost_model.py train`)")
+        f"{path.parent} and retrain from its features.jsonl with `costfuse tune --retrain-only`")
 
 
 META_FILE = "xgb_model.meta.json"

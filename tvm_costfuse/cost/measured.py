@@ -2,10 +2,10 @@
 
 Why: an XGBoost correction answering every query does not carry to an architecture it was not
 trained on, but the measurements themselves do, where a workload recurs (bert_layer and
-gpt2_block share their projections, mlp_gelu and layernorm_mlp their matmuls). Leave one architecture out,
-answering each held-out group from other architectures' measurements of the same group and
+gpt2_block share their projections, mlp_gelu and layernorm_mlp their matmuls). Leave one
+architecture out, answering each held-out group from other architectures' measurements of the same group and
 every other group analytically decided 0.918 of the measured pairs right, the analytical model
-alone 0.886 (``scripts/eval_cost_model.py evaluate``, docs/log/2026-11-29b.md). The learned model
+alone 0.886 (``costfuse evaluate``, docs/log/2026-11-29b.md). The learned model
 (``cost.learned``) now builds on the same finding -- its trees answer only near a measured
 group -- and this model stays as its exact-match form, with no trees and no training.
 
@@ -13,7 +13,7 @@ group -- and this model stays as its exact-match form, with no trees and no trai
 boundary tensor sizes included): what the planner computes for a candidate is what the
 feedback loop stored beside its timing, so the lookup needs no kernel to be built at planning
 time. Selected with ``costfuse.cost_model="measured"``; reads the rows of
-``tuning_logs/<target>/groups`` (``costfuse tune`` or ``eval_cost_model.py measure`` fill it).
+``tuning_logs/<target>/groups`` (``costfuse tune`` fills it).
 
 Limits of the key: the features name no op, no reduction axis and not whether a weight is a
 bound constant (packed, ``schedules/prepack.py``) or a function input (not packed), so two such
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..records.database import GroupDatabase
+from ..records.database import GroupDatabase, default_work_dir
 from .analytical import Estimate
 from .analytical import estimate as analytical_estimate
 from .features import GroupFeatures
-from .learned import _features_of, _target_work_dir, _usable, measured_seconds
+from .learned import features_of, measured_seconds, usable_row
 
 __all__ = ["MeasuredModel", "key", "load_measured"]
 
@@ -71,8 +71,8 @@ class MeasuredModel:
         """From features rows (``GroupDatabase.rows()``): the median over a group's successful
         rows; failed builds and lone reshapes (views in a model) are left out."""
         samples: dict[str, list[float]] = {}
-        for row in filter(_usable, rows):
-            samples.setdefault(key(_features_of(row)), []).append(measured_seconds(row))
+        for row in filter(usable_row, rows):
+            samples.setdefault(key(features_of(row)), []).append(measured_seconds(row))
         return cls({k: float(np.median(v)) for k, v in samples.items()})
 
     def __call__(self, features: GroupFeatures, target,
@@ -95,7 +95,7 @@ def load_measured(target, work_dir: str | Path | None = None) -> MeasuredModel:
     """The measured model for ``target`` (a TargetDesc) from ``work_dir`` (default
     ``tuning_logs/<kind>-<arch>/groups``). With no measurements there, every query is
     answered analytically, and a warning says so."""
-    work_dir = Path(work_dir) if work_dir is not None else _target_work_dir(target)
+    work_dir = Path(work_dir) if work_dir is not None else default_work_dir(target)
     if not (work_dir / "features.jsonl").exists():
         _log.warning("no measured groups in %s: the measured cost model will answer "
                      "analytically", work_dir)

@@ -1,3 +1,4 @@
 """Reports: what a plan does and why (``explain``), where it differs from FuseOps' partition
-(``decided``: the demo's summary), and strategies x targets x models side by side (``compare``:
-cells, then ``tables`` and ``plots`` of them)."""
+(``decided``: the demo's summary), strategies x targets x models side by side (``compare``:
+cells, then ``tables`` and ``plots`` of them), and the cost models scored on measured labels,
+one family held out at a time (``evaluate``)."""

@@ -12,12 +12,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import tvm
+
 from ..config import FusionConfig
 from ..cost.analytical import estimate
 from ..cost.extract import group_features
-from ..graph import OpGraph
+from ..graph import OpGraph, build_graph
+from ..partition import fuseops_groups
+from ..pipelines import prepare
 from ..regions import differing_regions
-from ..targets import TargetDesc
+from ..targets import TargetDesc, resolve
+from ..transform import plan_module
 from .explain import kernels_of
 
 Kernel = tuple[str, ...]
@@ -86,3 +91,34 @@ def describe(graph: OpGraph, diff: Difference, max_ops: int = 6) -> str:
     return (f"{diff.verb} {' + '.join(map(kernel, diff.fuseops))} -> "
             f"{' + '.join(map(kernel, diff.costfuse))}: predicted "
             f"{diff.fuseops_s * 1e6:.1f} -> {diff.costfuse_s * 1e6:.1f} us")
+
+
+# Ratios closer to 1 than this are reported as ties, not as a win or a loss.
+NOISE = 0.02
+
+
+def summary(mod: tvm.IRModule, target, measured: float, shown: int = 8) -> list[str]:
+    """What CostFuse decided differently from FuseOps, priced, and the headline: the measured
+    ratio (FuseOps' time over CostFuse's) next to the predicted one, a loss named as one with
+    where it comes from. The lines ``costfuse demo`` ends with."""
+    prepared = prepare(mod, target)
+    graph = build_graph(prepared)
+    desc, config = resolve(target).desc, FusionConfig.resolve()
+    plan = plan_module(prepared, desc, config)
+    diffs = differences(graph, desc, config, fuseops_groups(prepared), plan.groups)
+    if not diffs:
+        return ["CostFuse chose FuseOps' kernels on this model: the latencies differ by noise only"]
+    theirs, ours = sum(d.fuseops_s for d in diffs), sum(d.costfuse_s for d in diffs)
+    lines = [f"CostFuse decided {len(diffs)} region(s) differently from FuseOps"
+             + (f" (first {shown})" if len(diffs) > shown else "") + ":"]
+    lines += [f"  {describe(graph, d)}" for d in diffs[:shown]]
+    verdict = ("faster" if measured >= 1 + NOISE else "SLOWER" if measured <= 1 - NOISE
+               else f"the same within {NOISE:.0%} noise")
+    lines.append(f"CostFuse vs FuseOps, same schedules: {measured:.2f}x measured ({verdict}); "
+                 f"the cost model predicted {theirs / ours:.2f}x on these regions "
+                 f"({(theirs - ours) * 1e6:.1f} us saved)")
+    if measured <= 1 - NOISE:
+        lines.append("  a loss: the cost model priced these regions wrong on this host (its "
+                     "description of the host, or a kernel it does not model); `costfuse "
+                     "explain` shows each price, `costfuse calibrate` re-measures the host")
+    return lines
