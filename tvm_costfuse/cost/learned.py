@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.synthetic import PREFIX, is_synthetic
 from ..records.database import SHIPPED_LOGS, GroupDatabase, default_work_dir
+from ..records.rows import is_synthetic_row, row_architecture
 from ..schedules.classes import FINAL
 from ..targets import host
 from .analytical import Estimate
@@ -297,17 +297,12 @@ def _stale(work_dir: Path) -> str | None:
     return None
 
 
-def _architecture(model: str) -> str:
-    """``bert_layer@small`` -> ``bert_layer``; every ``synth-<seed>`` program -> ``synth``."""
-    return PREFIX.rstrip("-") if is_synthetic(model) else model.split("@")[0]
-
-
 def _architecture_weights(rows: Sequence[dict]) -> np.ndarray:
     """One unit of weight per architecture (``name@small`` and ``name`` are one), spread over
     its usable rows: a convnet with 50 blocks would otherwise outvote every other model, and
     what the trees learn must carry to the next architecture (leave one model out:
     0.84 -> 0.86 decision accuracy, docs/log/2026-11-29b.md)."""
-    arch = [_architecture(r["model"]) for r in filter(usable_row, rows)]
+    arch = [row_architecture(r) for r in filter(usable_row, rows)]
     counts = Counter(arch)
     w = np.asarray([1.0 / counts[a] for a in arch])
     return w * len(w) / w.sum()
@@ -347,7 +342,7 @@ def train(work_dir: str | Path, target=None, save: bool = True,
     """
     target = target or host()
     rows = [r for r in GroupDatabase(work_dir).rows()
-            if synthetic or not is_synthetic(r["model"])]
+            if synthetic or not is_synthetic_row(r)]
     model = train_rows(rows, target)
     if save:
         model.save(work_dir)
