@@ -25,19 +25,19 @@ from tvm_costfuse.targets import host_target
 
 
 def _build(mod, target, attention: bool):
-    schedule_on = features.GroupFeatures.schedule_on
+    card_on = features.GroupFeatures.card_on
 
     def without(self, kind):
-        return schedule_on(dataclasses.replace(self, attention=False) if self.attention
-                           else self, kind)
+        return card_on(dataclasses.replace(self, attention=False) if self.attention
+                       else self, kind)
 
     if not attention:
-        features.GroupFeatures.schedule_on = without
+        features.GroupFeatures.card_on = without
     try:
         return tvm.compile(mod, target=target,
                            relax_pipeline=strategy_pipeline("costfuse", target))
     finally:
-        features.GroupFeatures.schedule_on = schedule_on
+        features.GroupFeatures.card_on = card_on
 
 
 def main() -> None:

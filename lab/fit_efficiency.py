@@ -5,7 +5,8 @@ The measured share of the FMA-chain peak per kernel is ``scripts/bench_kernels.p
 quiet GEMM run of 12:10 UTC and the conv run of 15:38 UTC). The geometry of each kernel is
 read the way the cost model reads it (``graph.build_graph`` on the prepared module), so the
 fit sees exactly what the planner will. Prints each kernel's predicted and measured share, the
-fitted constants, and how far the single ``_EFF`` constant (0.55) was from the same figures.
+fitted constants, and how far the single contraction share (0.55, now the contraction card's fallback) was from
+the same figures.
 
 ``--gemm-only`` fits the GEMM micro-kernel's own ``K0_GEMM`` and ``E_PATH["gemm"]`` with the
 other paths held at the module's constants (the depthwise figures were fitted on ``K0``); it

@@ -25,7 +25,7 @@ import tvm
 from tvm_costfuse import host_target, models
 from tvm_costfuse.cost import evaluation
 from tvm_costfuse.cost.features import GroupFeatures
-from tvm_costfuse.cost.learned import _usable, measured_seconds
+from tvm_costfuse.cost.learned import usable_row, measured_seconds
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measurement.timing import interleave
 from tvm_costfuse.pipelines import prepare
@@ -57,7 +57,7 @@ def main() -> None:
     logging.disable(logging.WARNING)
     target = host_target(1)
     tvm.get_global_func("runtime.config_threadpool")(1, 1)
-    rows = [r for r in GroupDatabase(args.work_dir).rows() if _usable(r)]
+    rows = [r for r in GroupDatabase(args.work_dir).rows() if usable_row(r)]
     out = open(args.out, "a") if args.out else None
     flips = n = 0
     for name in args.models:

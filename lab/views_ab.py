@@ -6,22 +6,23 @@
 import argparse, os, sys
 os.environ.setdefault("TVM_COSTFUSE_CALIBRATION", "none")
 import numpy as np, tvm
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
-from bench_corpus import _thread_pool, _with_threads, _torch_sampler
+import dataclasses
+from tvm_costfuse.measurement.peers import thread_pool as _thread_pool, with_threads as _with_threads, eager_sampler
 from tvm_costfuse import host_target, strategy_pipeline
 from tvm_costfuse.measurement.timing import interleave, run, vm_sampler
 from tvm_costfuse.measurement.quiet import OtherLoad
 from tvm_costfuse.models import corpus
 from tvm_costfuse.cost import extract
-from tvm_costfuse import planner
-from tvm_costfuse.schedules.classes import ScheduleClass as SC
+from tvm_costfuse.schedules import catalog
 
 ap = argparse.ArgumentParser(); ap.add_argument("--models", nargs="+"); ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--repeat", type=int, default=5); a = ap.parse_args()
-new_unit, new_views = extract._unit_reshape, planner._THROUGH_VIEWS
-def mode(new):
+new_unit, new_cards = extract._unit_reshape, catalog.CARDS
+old_cards = tuple(dataclasses.replace(c, through_views=frozenset()) if c is catalog.CONTRACTION_CARD else c
+                  for c in new_cards)
+def mode(new):  # "old": no unit reshapes as views, contractions not walked through views
     extract._unit_reshape = new_unit if new else (lambda g, n: False)
-    planner._THROUGH_VIEWS = new_views if new else {"cpu": (SC.ATTENTION,), "cuda": (SC.ATTENTION,)}
+    catalog.CARDS = new_cards if new else old_cards
 for name in a.models:
     mod, inputs, module = corpus.load(name)
     t = a.threads; target = host_target(t); _thread_pool(t)
@@ -33,7 +34,7 @@ for name in a.models:
         samplers[label] = _with_threads(vm_sampler(ex, inputs, min_ms=50), t)
     import torch
     args = corpus.torch_inputs(inputs)
-    samplers["torch"] = _torch_sampler(module, args, t)
+    samplers["torch"] = eager_sampler(lambda: module(*args), t)
     err = {k: float(np.abs(v - outs["tvm"]).max() / max(1e-30, np.abs(outs["tvm"]).max())) for k, v in outs.items()}
     with OtherLoad() as load:
         timed = interleave(samplers, a.repeat)

@@ -67,7 +67,6 @@ def _finish_cpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
 class Backend:
     """How kernels are scheduled on one target kind."""
 
-    kind: str
     #: the rules in policy order (first that applies wins)
     rules: Callable[[], list[dl.ScheduleRule]]
     #: the pass applying them to a whole module after FuseTIR
@@ -77,9 +76,9 @@ class Backend:
 
 
 _BACKENDS = {
-    "cpu": Backend("cpu", rules, schedule_pass, _finish_cpu),
-    "cuda": Backend("cuda", lambda: [cuda.GuardedRule(r) for r in cuda.gpu_rules()],
-                    cuda.schedule_pass, lambda func: func),
+    "cpu": Backend(rules, schedule_pass, _finish_cpu),
+    "cuda": Backend(lambda: [cuda.GuardedRule(r) for r in cuda.gpu_rules()], cuda.schedule_pass,
+                    lambda func: func),
 }
 
 

@@ -8,7 +8,7 @@ analytical model prices the kernel with (the share of peak its loops reach, how 
 contractions in it, its registers, its parallel loop nests). ``catalog.py`` lists the cards in
 the rules' order; the first card that claims a group is its kind, as the first rule that
 applies is in dlight's ``ApplyDefaultSchedule``. ``tests/test_rule_fidelity.py`` builds the
-corpus' kernels and checks that the rule which took each one is its card's.
+zoo's and the corpus decode steps' kernels and checks that the rule which took each one is its card's.
 
 The cards read features by name only (``cost/features.GroupFeatures``; ``schedules/`` sits
 below ``cost/`` and imports nothing from it).
@@ -64,6 +64,10 @@ class Card:
     nests: Callable[[Any], int] = one_nest
     #: target kinds on which a planner merge may step through reshape views into this kind
     through_views: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if "cuda" in self.efficiency and self.cuda_registers is None:
+            raise ValueError(f"the {self.cls} card prices CUDA kernels: it needs cuda_registers")
 
     def contraction_rate(self, kind: str, peak: float) -> float:
         """FLOP/s of a contraction inside this kind of kernel on a ``kind`` target."""

@@ -2,7 +2,7 @@
 them, the first card that claims a group being its kind.
 
 This is the one place that says which kernel a fused group becomes: the features ask it
-(``GroupFeatures.schedule_on``), and the analytical and learned cost models read the card it
+(``GroupFeatures.card_on``), and the analytical and learned cost models read the card it
 returns. Adding a kernel kind means a rule and its card beside it, then one line here, in the
 place of its rule in ``cpu.rules()``.
 """

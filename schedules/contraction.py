@@ -126,6 +126,8 @@ def _claims_contraction(f, kind: str) -> bool:
     operand load; unmeasured on CUDA) nor a split epilogue (several elements of one tuple read
     after it: TVM 0.27 fails to lower it, "matmul_intermediate_reindex is used before its
     definition")."""
+    if f.attention and kind == "cpu":  # the attention rule's (its softmax is a reduction, so
+        return False  # the form is never a lone contraction; said here, not left to order)
     form = f.schedule
     if form == SC.CONTRACTION:
         return True
@@ -141,7 +143,7 @@ def _claims_stream(f, kind: str) -> bool:
     docs/log/2026-11-29a.md). Not with a split epilogue: the rule declines a contraction with
     several consumers (measured 54x slower: gpt2_block's Q/K/V projection)."""
     return (kind == "cpu" and f.schedule == SC.CONTRACTION_PROLOGUE and not f.reshaping_ops
-            and not f.tuple_items)
+            and not f.tuple_items and not f.attention)
 
 
 # CPU: the register-blocked micro-kernel (``gemm.py``) reached 0.49-0.63 of the FMA-chain peak

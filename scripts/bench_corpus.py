@@ -26,7 +26,7 @@ import time
 
 from tvm_costfuse import host_target
 from tvm_costfuse.models import corpus
-from tvm_costfuse.report.bench import OURS, PEERS, bench, table, workload
+from tvm_costfuse.report.bench import DEFAULT_PEERS, OURS, bench, table, workload
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1 or any(t < 1 for t in args.threads):
         ap.error("--repeat and --threads must be positive")
-    peers = tuple(p for p in PEERS if not (args.no_ort and p == "ort"))
+    peers = tuple(p for p in DEFAULT_PEERS if not (args.no_ort and p == "ort"))
     names = args.models or corpus.names()
     unknown = sorted(set(names) - set(corpus.names()))
     if unknown:

@@ -40,9 +40,10 @@ from tvm_costfuse.targets import host_target
 
 try:
     import torch
-    import torch_zoo  # beside this script (Python puts the script's folder on the path)
 except ImportError:  # torch is an optional extra
     torch = None
+if torch is not None:
+    import torch_zoo  # beside this script (Python puts the script's folder on the path)
 
 # One timing sample lasts at least this long (back-to-back calls, averaged).
 _SAMPLE_MS = 50

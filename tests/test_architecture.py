@@ -115,7 +115,7 @@ def test_cost_models_read_records_without_climbing_into_tuning() -> None:
     them (``tuning/``) sits above the cost models and imports them, not the other way."""
     graph = _graph()
     assert not _reaches(graph, f"{PACKAGE}.cost", f"{PACKAGE}.tuning")
-    # nor does it know how workloads are named: rows say their architecture (``records``)
+    # nor does it name workloads: ``records.rows`` says what a row's workload was
     assert not _reaches(graph, f"{PACKAGE}.cost", f"{PACKAGE}.models")
     assert not _reaches(graph, f"{PACKAGE}.records", f"{PACKAGE}.cost")
     assert not _reaches(graph, f"{PACKAGE}.records", f"{PACKAGE}.tuning")

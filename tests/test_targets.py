@@ -200,10 +200,19 @@ def test_pipeline_takes_every_name_resolve_takes() -> None:
     assert tvm_costfuse.pipelines.prepare(mod, "h200") is not None
 
 
-def test_a_preset_keeps_its_description_where_its_arch_names_another() -> None:
+def test_a_preset_keeps_its_description_where_its_arch_names_another(monkeypatch) -> None:
     """h200 and h100 share sm_90: a pipeline for "h200" prices plans as an H200, not as the
     H100 its arch alone would name; a plain "llvm" keeps TVM's generic x86-64."""
-    from tvm_costfuse.targets import compile_target, resolve
+    from tvm_costfuse import strategies
+    from tvm_costfuse.targets import compile_target, preset, resolve
+
+    priced = []
+    real = strategies.fusion_pass
+    monkeypatch.setattr(strategies, "fusion_pass",
+                        lambda s, t, **c: priced.append(resolve(t).desc.name) or real(s, t, **c))
+    for spec in ("h200", preset("h200"), resolve("h200")):
+        strategies.strategy_pipeline("costfuse", spec)
+    assert priced == ["h200"] * 3
 
     assert resolve("h200").desc.name == "h200" and resolve("h100").desc.name == "h100"
     assert str(compile_target("h200")) == str(resolve("h200").tvm)

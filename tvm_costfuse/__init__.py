@@ -19,6 +19,7 @@ Stages, in the order a module flows through them:
 - ``strategies`` -- none / FuseOps / pattern rules / CostFuse as whole pipelines.
 - ``schedules``  -- LLVM-CPU and CUDA schedule rules for the fused kernels (``schedules/``).
 - ``measurement``, ``tuning``, ``report`` -- ground truth, the feedback loop, explain/compare.
+- ``records``    -- the tuning database those write and the learned model reads.
 - ``cli``        -- the ``costfuse`` command.
 
 Where a newcomer adds things: a cost term goes in ``cost/analytical.py`` and the shared feature

@@ -24,6 +24,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir
 
+from .schedules.efficiency import Geometry
 from .schedules.efficiency import describe as contraction_geometry
 from .schedules.fast_math import is_integer_power
 from .schedules.math_calls import MATH_COST
@@ -89,7 +90,7 @@ class Node:
     math: float = 0.0  # exp, log, tanh, erf... per invocation, in exp-equivalents (``schedules.math_calls.MATH_COST``)
     # A contraction's block as the CPU rule sees it (``schedules.efficiency.describe``): what
     # the cost model reads the kernel's share of the FMA peak from. None for other ops.
-    geometry: tuple | None = None
+    geometry: Geometry | None = None
 
     @property
     def fusable(self) -> bool:

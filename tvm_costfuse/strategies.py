@@ -22,7 +22,7 @@ from tvm import relax
 
 from .pipelines import scheduled_pipeline
 from .rules import RulesFuse
-from .targets import compile_target, preset_names
+from .targets import Target, TargetDesc, compile_target, preset_names
 from .transform import CostFuse
 
 STRATEGIES = ("stock", "none", "tvm", "rules", "costfuse")
@@ -70,8 +70,10 @@ def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None,
     config = {**variant, **config}
     if strategy == "stock":
         return relax.get_default_pipeline(target)
-    # a preset name keeps its own description ("h200"; its compile target says only sm_90)
-    named = isinstance(spec, str) and spec.strip().lower() in (*preset_names(), "cuda")
-    fusion = fusion or fusion_pass(strategy, cost_target or (spec if named else target),
+    # a preset name or a description keeps its own description ("h200"; its compile target
+    # says only sm_90, which alone is priced as an H100)
+    keep = isinstance(spec, (Target, TargetDesc)) or (
+        isinstance(spec, str) and spec.strip().lower() in (*preset_names(), "cuda"))
+    fusion = fusion or fusion_pass(strategy, cost_target or (spec if keep else target),
                                    **config)
     return scheduled_pipeline(target, fusion)

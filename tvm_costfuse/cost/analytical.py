@@ -6,7 +6,7 @@ time = launch + max(memory, compute) + (1 - overlap) * min(memory, compute)
   if it fits there, else at DRAM bandwidth; intermediates are free only when the group's
   schedule keeps them on chip (the fallback and the CPU contraction rule's streamed prologue
   and epilogue passes materialize them: 2x their bytes), plus spill traffic;
-- compute: FLOPs (plus recomputation of inlined producers) at the rate of the schedule class,
+- compute: FLOPs (plus recomputation of inlined producers) at the rates on the kernel's card,
   scaled by the parallelism the group exposes (output elements vs cores x lanes or SMs x warps);
 - registers: live values per thread (CUDA) or vector registers per loop body (CPU); over the
   budget the excess spills to local memory and costs traffic.
@@ -28,6 +28,7 @@ from .features import GroupFeatures, OpWork
 # What each kind of kernel reaches (share of peak, how it runs contractions, registers, loop
 # nests) is on its card, beside its rule (``schedules/card.py``; ``schedules.catalog`` lists
 # them, with the measurements behind each number).
+
 # Seconds one core spends on one exp-equivalent of math library work (``schedules.math_calls.MATH_COST``).
 # CPU: the vectorized exp (``schedules/fast_math``) over 1M float32 elements took 0.87 ns per
 # element machine-wide on the 2-core emeraldrapids host (``lab/math_cost.py``,

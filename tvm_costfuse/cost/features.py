@@ -119,7 +119,7 @@ class GroupFeatures:
     prologue_compute: int = 0
     # Tensors the group hands to the rest of the program, and reordering data movement
     # (transposes) downstream of a reduction: what decides whether the CPU row-reduction rule
-    # applies (``schedule_on``).
+    # applies (``schedules.reduction._claims_reduction``).
     n_outputs: int = 1
     moves_after_reduction: int = 0
     # Reshape-like members TVM turns into a view when they are left alone (``Node.view``).

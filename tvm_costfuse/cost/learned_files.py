@@ -18,7 +18,8 @@ class ModelFileError(RuntimeError):
 def unreadable(path: Path, why: str) -> ModelFileError:
     return ModelFileError(
         f"learned-model file {path} is unreadable ({why}); delete the xgb_model.* files in "
-        f"{path.parent} and retrain from its features.jsonl with `costfuse tune --retrain-only`")
+        f"{path.parent} and retrain from its features.jsonl with `costfuse tune --retrain-only "
+        f"--work-dir {path.parent}`")
 
 
 META_FILE = "xgb_model.meta.json"

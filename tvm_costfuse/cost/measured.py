@@ -3,8 +3,8 @@
 Why: an XGBoost correction answering every query does not carry to an architecture it was not
 trained on, but the measurements themselves do, where a workload recurs (bert_layer and
 gpt2_block share their projections, mlp_gelu and layernorm_mlp their matmuls). Leave one
-architecture out, answering each held-out group from other architectures' measurements of the same group and
-every other group analytically decided 0.918 of the measured pairs right, the analytical model
+architecture out, answering each held-out group from other architectures' measurements of
+the same group and every other group analytically decided 0.918 of the measured pairs right, the analytical model
 alone 0.886 (``costfuse evaluate``, docs/log/2026-11-29b.md). The learned model
 (``cost.learned``) now builds on the same finding -- its trees answer only near a measured
 group -- and this model stays as its exact-match form, with no trees and no training.

@@ -47,9 +47,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from .integrity import DatabaseLocked, exclusive, repair_lines, salvage_ms_database, try_exclusive
 
-__all__ = ["FAILED_RUN_SECS", "SHIPPED_LOGS", "DatabaseLocked", "GroupDatabase",
-           "default_work_dir", "failure_kind", "headline", "is_record", "symbolic_dims",
-           "tuning_root", "workload_hash"]
+__all__ = ["FAILED_RUN_SECS", "FEATURES_FILE", "SHIPPED_LOGS", "DatabaseLocked",
+           "GroupDatabase", "default_work_dir", "failure_kind", "headline", "is_record", "symbolic_dims",
+           "target_dir", "target_key", "tuning_root", "workload_hash"]
 
 _log = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ all alike): kernels launched and ms under our strategies (same schedules, built 
 ``num-cores = t`` and TVM's thread pool sized ``t``), PyTorch eager with
 ``torch.set_num_threads(t)`` where the model has a PyTorch form (corpus names, ``.pt2`` files),
 ONNX Runtime (CPU provider, ``intra_op_num_threads = t``) on the ``.onnx`` file or the
-model exported to one, and on request ``torch.compile`` (Inductor, compiled at ``t`` threads). Every column's output is checked against PyTorch's, or against our
-unfused build where there is no PyTorch form (max |got - want| / max |want|).
+model exported to one, and on request ``torch.compile`` (Inductor, compiled at ``t``
+threads). Every column's output is checked against PyTorch's, or against our unfused build
+where there is no PyTorch form (max |got - want| / max |want|).
 
 Each row records the cores other processes used while it was timed (``measurement.quiet``);
 a row above :data:`DISTURBED_CORES` is marked, to be rerun on a quiet machine.

@@ -50,6 +50,9 @@ UNITS = ("family", "architecture")
 Out = Callable[[str], None]
 
 
+__all__ = ["EvalOptions", "evaluate", "table", "usable_rows"]
+
+
 @dataclass(frozen=True)
 class EvalOptions:
     """What ``costfuse evaluate`` holds out and how the learned model is trained."""

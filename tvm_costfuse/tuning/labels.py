@@ -51,6 +51,10 @@ DEFAULT_BUDGET = {"groups": 32, "pairs": None, "in-model": None}
 Log = Callable[[str], None]
 
 
+__all__ = ["LABELS", "LabelOptions", "Labelled", "label_groups", "label_in_model", "label_pairs",
+           "retrain", "variants"]
+
+
 @dataclass(frozen=True)
 class LabelOptions:
     """How to measure one kind of label (``costfuse tune``'s options)."""
@@ -63,6 +67,14 @@ class LabelOptions:
     processes: int = 1  # pairs: worker processes each decision is timed in
     rpc_tracker: str | None = None  # groups: run the kernels on this tracker's server
     wait: bool = False  # groups: wait for another session writing the folder
+
+    @classmethod
+    def of(cls, kind: str, **given) -> LabelOptions:
+        """Options for ``kind`` with that kind's budget and repeat where ``given`` has none
+        (the field defaults are the groups kind's)."""
+        given.setdefault("budget", DEFAULT_BUDGET[kind])
+        given.setdefault("repeat", DEFAULT_REPEAT[kind])
+        return cls(kind=kind, **given)
 
     def measure_config(self) -> MeasureConfig:
         return MeasureConfig(repeat=self.repeat, min_repeat_ms=self.min_repeat_ms,

@@ -155,7 +155,8 @@ def tune_model(
         ``targets.host_target()``.
     work_dir : str or Path, optional
         Where ``database_workload.json`` / ``database_tuning_record.json`` (and logs) go;
-        defaults to :func:`~tvm_costfuse.records.database.target_dir`. Records accumulate across calls.
+        defaults to :func:`~tvm_costfuse.records.database.target_dir`. Records accumulate
+        across calls.
     max_trials : int
         Measured candidates over all tasks.
     fusion : str

@@ -31,8 +31,11 @@ _SCHEDULES = Path(schedules.__file__).resolve().parent  # schedules/ at the top 
 # passes after them, how a group becomes one PrimFunc (feedback, partition, fusor; the
 # pre-fusion passes of pipelines), how it is built and timed (runners with pipelines'
 # build pipeline, measurement/timing).
+# The cards' own module, the catalog and the contraction efficiency model only price kernels
+# (a card's numbers beside its rule are in the rule's file, and count).
+_PRICING_ONLY = ("card.py", "catalog.py", "efficiency.py")
 KERNEL_SOURCES = (
-    *sorted(_SCHEDULES.glob("*.py")),
+    *sorted(p for p in _SCHEDULES.glob("*.py") if p.name not in _PRICING_ONLY),
     _PACKAGE / "tuning" / "feedback.py",
     _PACKAGE / "tuning" / "runners.py",
     _PACKAGE / "partition.py",
