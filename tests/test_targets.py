@@ -213,6 +213,12 @@ def test_a_preset_keeps_its_description_where_its_arch_names_another(monkeypatch
     for spec in ("h200", preset("h200"), resolve("h200")):
         strategies.strategy_pipeline("costfuse", spec)
     assert priced == ["h200"] * 3
+    # a plain "llvm" is scheduled and priced for what tvm.compile(target="llvm") builds
+    from tvm_costfuse.targets import for_pipeline
+
+    generic = for_pipeline("llvm")
+    assert "mcpu" not in generic.tvm.attrs and generic.desc.arch == "x86-64"
+    assert for_pipeline("host").desc.arch == resolve("host").desc.arch
 
     assert resolve("h200").desc.name == "h200" and resolve("h100").desc.name == "h100"
     assert str(compile_target("h200")) == str(resolve("h200").tvm)

@@ -16,7 +16,7 @@ from tvm.relax.backend.cpu_generic import pipeline as _cpu_backend
 from tvm.relax.backend.cuda import pipeline as _cuda_backend
 
 from .schedules import backend as schedule_backend
-from .targets import compile_target, resolve
+from .targets import compile_target, for_pipeline
 from .transform import CostFuse
 
 _FUSION_STEPS = ("FuseOps", "FuseTIR")
@@ -122,11 +122,12 @@ def pipeline(target: tvm.target.Target | str | None = None, **config) -> tvm.tra
     ``config`` takes CostFuse's arguments (``max_chain_length=...``); PassContext
     ``costfuse.*`` keys apply to what is not given. ``target`` is anything
     :func:`~tvm_costfuse.targets.resolve` takes (``"h100"``, ``"host"``, a tvm Target, a
-    description). With no target, the pipeline reads
+    description; a plain ``"llvm"`` is TVM's generic x86-64, as ``tvm.compile`` reads it:
+    :func:`~tvm_costfuse.targets.for_pipeline`). With no target, the pipeline reads
     ``Target.current()`` when it runs (as the named pipeline ``"costfuse"`` does).
     """
     def make(t) -> tvm.transform.Pass:
-        resolved = resolve(t)  # a preset name ("h100"), a tvm Target, a description...
+        resolved = for_pipeline(t)  # a preset name ("h100"), a tvm Target, a description...
         return scheduled_pipeline(resolved.tvm, CostFuse(target=resolved, **config))
 
     if target is not None:

@@ -22,7 +22,7 @@ from tvm import relax
 
 from .pipelines import scheduled_pipeline
 from .rules import RulesFuse
-from .targets import Target, TargetDesc, compile_target, preset_names
+from .targets import for_pipeline
 from .transform import CostFuse
 
 STRATEGIES = ("stock", "none", "tvm", "rules", "costfuse")
@@ -65,15 +65,13 @@ def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None,
     ``fusion``: a pass to stand in the fusion slot instead of the strategy's own (e.g.
     ``ApplyPartition`` of a plan made beforehand, so what is built is what was reported).
     """
-    spec, target = target, compile_target(target)
+    resolved = for_pipeline(target)
+    target = resolved.tvm
     strategy, variant = split_strategy(strategy)
     config = {**variant, **config}
     if strategy == "stock":
         return relax.get_default_pipeline(target)
     # a preset name or a description keeps its own description ("h200"; its compile target
-    # says only sm_90, which alone is priced as an H100)
-    keep = isinstance(spec, (Target, TargetDesc)) or (
-        isinstance(spec, str) and spec.strip().lower() in (*preset_names(), "cuda"))
-    fusion = fusion or fusion_pass(strategy, cost_target or (spec if keep else target),
-                                   **config)
+    # says only sm_90, which alone is priced as an H100): ``for_pipeline``
+    fusion = fusion or fusion_pass(strategy, cost_target or resolved, **config)
     return scheduled_pipeline(target, fusion)

@@ -40,7 +40,7 @@ from .machine import host, host_caches, host_target
 
 __all__ = [
     "A100", "CALIBRATION_PATH", "CPU", "CUDA", "H100", "H200", "KiB", "MiB", "Target",
-    "TargetDesc", "compile_target", "cuda_target", "for_target", "host", "host_caches", "host_cpu",
+    "TargetDesc", "compile_target", "cuda_target", "for_pipeline", "for_target", "host", "host_caches", "host_cpu",
     "host_cpu_model", "host_target", "isa", "load_calibration", "preset", "preset_names",
     "resolve", "save_calibration",
 ]
@@ -143,6 +143,16 @@ def resolve(spec=None, *, gpu: str | None = None, desc: TargetDesc | None = None
     if key in GPU_PRESETS:
         return Target(target, desc or GPU_PRESETS[key])
     return Target(target, desc or for_target(target, gpu))
+
+
+def for_pipeline(spec=None) -> Target:
+    """What a pipeline built for ``spec`` compiles for (:func:`compile_target`) and prices with:
+    a preset's, ``"host"``'s or a given description's own, else the compile target's (so a plain
+    ``"llvm"`` is scheduled and priced as the generic x86-64 ``tvm.compile`` builds it for)."""
+    if isinstance(spec, (Target, TargetDesc)):
+        return resolve(spec)
+    named = isinstance(spec, str) and spec.strip().lower() in (*preset_names(), "cuda")
+    return resolve(spec) if named else resolve(compile_target(spec))
 
 
 def compile_target(spec=None, gpu: str | None = None) -> tvm.target.Target:
