@@ -89,14 +89,13 @@ def strategy_groups(strategy: str, prepared: tvm.IRModule, graph: OpGraph,
     return [list(g) for g in plan_module(prepared, desc, cfg).groups]
 
 
-def _pipeline(strategy: str, desc: TargetDesc, target: tvm.target.Target,
-              groups: list[list[str]]):
-    """The strategy's pipeline; a planned strategy builds the partition ``groups`` it was
-    reported with (planned once, by :func:`strategy_groups`), FuseOps and none run as they are."""
+def _pipeline(strategy: str, target: Target, groups: list[list[str]]):
+    """The strategy's pipeline for a resolved target (its own description prices the plan);
+    a planned strategy builds the partition ``groups`` it was reported with (planned once, by
+    :func:`strategy_groups`), FuseOps and none run as they are."""
     base, config = _split(strategy)
     fusion = ApplyPartition(groups) if base in ("rules", "costfuse") else None
-    # CostFuse gets the description itself: a bare sm_90 target would be priced as H100.
-    return strategy_pipeline(base, target, cost_target=desc, fusion=fusion, **config)
+    return strategy_pipeline(base, target, fusion=fusion, **config)
 
 
 # ------------------------------------------------------------------------------- targets
@@ -217,7 +216,7 @@ def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> li
             start = time.perf_counter()
             with t.tvm_target:
                 ex = tvm.compile(mod, target=t.tvm_target,
-                                 relax_pipeline=_pipeline(s, t.desc, t.tvm_target, groups))
+                                 relax_pipeline=_pipeline(s, t.target, groups))
             base = replace(base, compile_s=time.perf_counter() - start)
             stage = "registers"
             regs, note = cuda_regs(ex) if t.name == "cuda" else cpu_regs(ex)
@@ -244,7 +243,7 @@ def _measure(cells: dict[str, Cell], built: dict, mod, inputs, t: _Target, repea
         if ref_ex is None:
             with t.tvm_target:
                 ref_ex = tvm.compile(mod, target=t.tvm_target,
-                                     relax_pipeline=_pipeline("none", t.desc, t.tvm_target, []))
+                                     relax_pipeline=_pipeline("none", t.target, []))
         ref = run(ref_ex, inputs, t.device)
     except Exception as err:  # noqa: BLE001
         for s in built:
