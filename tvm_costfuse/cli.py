@@ -253,12 +253,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         with exclusive(work_dir):
             pass
     kind = args.labels
-    budget = (labels.DEFAULT_BUDGET[kind] if args.budget is None
-              else None if args.budget == "all" else args.budget)
-    opts = labels.LabelOptions(
-        kind=kind, budget=budget, repeat=args.repeat or labels.DEFAULT_REPEAT[kind],
-        min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout, processes=args.processes or 1,
-        rpc_tracker=args.rpc_tracker, wait=args.wait)
+    given = {} if args.budget is None else {
+        "budget": None if args.budget == "all" else args.budget}
+    if args.repeat:
+        given["repeat"] = args.repeat
+    opts = labels.LabelOptions.of(
+        kind, min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout,
+        processes=args.processes or 1, rpc_tracker=args.rpc_tracker, wait=args.wait, **given)
     prepared = {}
     for spec, small in labels.variants(args.models, args.size, args.synthetic):
         mod, inputs = _load(spec, small)

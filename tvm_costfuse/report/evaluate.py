@@ -45,12 +45,11 @@ from ..records.database import GroupDatabase
 from ..targets import TargetDesc
 from ..tuning import in_model, side_by_side
 
+__all__ = ["EvalOptions", "evaluate", "table", "usable_rows"]
+
 UNITS = ("family", "architecture")
 
 Out = Callable[[str], None]
-
-
-__all__ = ["EvalOptions", "evaluate", "table", "usable_rows"]
 
 
 @dataclass(frozen=True)

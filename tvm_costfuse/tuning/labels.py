@@ -42,6 +42,9 @@ from . import in_model, side_by_side
 from .feedback import measure_model
 from .runners import MeasureConfig
 
+__all__ = ["LABELS", "LabelOptions", "Labelled", "label_groups", "label_in_model", "label_pairs",
+           "retrain", "variants"]
+
 LABELS = ("groups", "pairs", "in-model")
 # Per kind: timed samples per group, rounds per worker process, interleaved runs of the model.
 DEFAULT_REPEAT = {"groups": 3, "pairs": 7, "in-model": 5}
@@ -49,10 +52,6 @@ DEFAULT_REPEAT = {"groups": 3, "pairs": 7, "in-model": 5}
 DEFAULT_BUDGET = {"groups": 32, "pairs": None, "in-model": None}
 
 Log = Callable[[str], None]
-
-
-__all__ = ["LABELS", "LabelOptions", "Labelled", "label_groups", "label_in_model", "label_pairs",
-           "retrain", "variants"]
 
 
 @dataclass(frozen=True)
