@@ -4,8 +4,10 @@ TVM's backends run library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldCons
 **FuseOps**, FuseTIR, (on CUDA: dlight's ApplyDefaultSchedule,) dataflow lowering, finalize.
 :func:`build_pipeline` keeps every step, puts a given fusion pass in FuseOps' place and a given
 schedule pass after FuseTIR; it is the one place that chooses between the CPU and the CUDA
-backend. :func:`prepare` runs exactly what TVM runs before FuseOps, so the OpGraph that plans
-fusion sees the module FuseOps would see.
+backend. Ahead of them all it folds weight-only work (:mod:`.fold`: batch norms into
+convolutions, summed convolution branches into one), for every fusion strategy alike, so that
+strategies still differ by fusion alone. :func:`prepare` runs exactly what the pipeline runs
+before the fusion slot, so the OpGraph that plans fusion sees the module FuseOps would see.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as _cpu_backend
 from tvm.relax.backend.cuda import pipeline as _cuda_backend
 
+from .fold import FoldWeights
 from .schedules import backend as schedule_backend
 from .targets import compile_target, for_pipeline
 from .transform import CostFuse
@@ -31,23 +34,25 @@ def _backend(target: tvm.target.Target):
     raise ValueError(f"CostFuse supports llvm and cuda targets, not {kind!r}")
 
 
-def pre_fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
-    """What TVM runs before FuseOps: library dispatch, LegalizeOps, AnnotateTIROpPattern,
-    FoldConstant (FoldConstant folds constant weight transposes, which FuseOps never sees)."""
+def pre_fusion_passes(target: tvm.target.Target, fold: bool = True) -> list[tvm.transform.Pass]:
+    """What runs before the fusion slot: our weight folding (``fold``), then what TVM runs
+    before FuseOps: library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldConstant
+    (FoldConstant folds constant weight transposes, which FuseOps never sees)."""
     backend = _backend(target)
     passes = []
     for p in backend.legalize_passes(target):
         if p.info.name in _FUSION_STEPS:
             break
         passes.append(p)
-    return backend.library_dispatch_passes(target) + passes
+    return [FoldWeights] * fold + backend.library_dispatch_passes(target) + passes
 
 
-def prepare(mod: tvm.IRModule, target: tvm.target.Target | str = "llvm") -> tvm.IRModule:
+def prepare(mod: tvm.IRModule, target: tvm.target.Target | str = "llvm",
+            fold: bool = True) -> tvm.IRModule:
     """Run the pre-fusion passes: the module FuseOps (or CostFuse) takes as input."""
     target = compile_target(target)
     with target:
-        return tvm.transform.Sequential(pre_fusion_passes(target))(mod)
+        return tvm.transform.Sequential(pre_fusion_passes(target, fold))(mod)
 
 
 def fuse(mod: tvm.IRModule, target, fusion: tvm.transform.Pass) -> tvm.IRModule:
@@ -68,9 +73,10 @@ def build_pipeline(
     target: tvm.target.Target | str,
     fusion: tvm.transform.Pass | None = None,
     schedule: tvm.transform.Pass | None = None,
+    fold: bool = True,
 ) -> tvm.transform.Pass:
-    """TVM's pipeline for ``target`` with ``fusion`` in FuseOps' place (None: fuse nothing) and
-    ``schedule`` right after FuseTIR.
+    """TVM's pipeline for ``target`` with ``fusion`` in FuseOps' place (None: fuse nothing),
+    ``schedule`` right after FuseTIR, and (``fold``) weight folding first.
 
     On llvm ``schedule=None`` leaves the kernels unscheduled; a CUDA kernel cannot build
     without thread bindings, so there it means :func:`default_schedule`. The pass list is
@@ -86,7 +92,7 @@ def build_pipeline(
         # TVM changed its pipeline: fail loudly instead of silently not fusing.
         raise RuntimeError(f"TVM's {target.kind.name} legalize_passes no longer contain "
                            "FuseOps and FuseTIR")
-    passes = list(backend.library_dispatch_passes(target))
+    passes = [FoldWeights] * fold + list(backend.library_dispatch_passes(target))
     for p in legalize:
         name = p.info.name
         if name == "FuseOps":
@@ -107,14 +113,15 @@ def build_pipeline(
     return _pipeline
 
 
-def scheduled_pipeline(target: tvm.target.Target | str,
-                       fusion: tvm.transform.Pass | None) -> tvm.transform.Pass:
+def scheduled_pipeline(target: tvm.target.Target | str, fusion: tvm.transform.Pass | None,
+                       fold: bool = True) -> tvm.transform.Pass:
     """:func:`build_pipeline` with our schedules (:func:`default_schedule`)."""
     target = compile_target(target)
-    return build_pipeline(target, fusion, default_schedule(target))
+    return build_pipeline(target, fusion, default_schedule(target), fold)
 
 
-def pipeline(target: tvm.target.Target | str | None = None, **config) -> tvm.transform.Pass:
+def pipeline(target: tvm.target.Target | str | None = None, fold: bool = True,
+             **config) -> tvm.transform.Pass:
     """TVM's pipeline for ``target`` with CostFuse in FuseOps' place and our schedules after
     FuseTIR: LLVM-CPU rules on llvm, dlight's GPU rules on cuda.
 
@@ -125,10 +132,11 @@ def pipeline(target: tvm.target.Target | str | None = None, **config) -> tvm.tra
     description; a plain ``"llvm"`` is TVM's generic x86-64, as ``tvm.compile`` reads it:
     :func:`~tvm_costfuse.targets.for_pipeline`). With no target, the pipeline reads
     ``Target.current()`` when it runs (as the named pipeline ``"costfuse"`` does).
+    ``fold=False`` leaves batch norms and convolution branches as the model wrote them.
     """
     def make(t) -> tvm.transform.Pass:
         resolved = for_pipeline(t)  # a preset name ("h100"), a tvm Target, a description...
-        return scheduled_pipeline(resolved.tvm, CostFuse(target=resolved, **config))
+        return scheduled_pipeline(resolved.tvm, CostFuse(target=resolved, **config), fold)
 
     if target is not None:
         return make(target)

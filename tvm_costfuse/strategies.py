@@ -12,7 +12,8 @@
 - ``costfuse``: the CostFuse pass, our schedules; ``costfuse-xgb``: the same with the learned
   cost model (needs one trained in ``tuning_logs/``); ``costfuse-measured``: with the measured
   cost model (measurements in ``tuning_logs/``, analytical for the rest).
-Every strategy but ``stock`` shares the schedules, so their differences are fusion alone.
+Every strategy but ``stock`` shares the weight folding (:mod:`.fold`) and the schedules, so
+their differences are fusion alone.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def fusion_pass(strategy: str, target: tvm.target.Target, **config) -> tvm.trans
     raise ValueError(f"unknown fusion strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
 
 
-def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None,
+def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None, fold: bool = True,
                       **config) -> tvm.transform.Pass:
     """The relax pipeline that compiles a model with ``strategy`` for ``target``.
 
@@ -64,6 +65,7 @@ def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None,
     description derived from ``target`` (a bare sm_90 target is priced as an H100).
     ``fusion``: a pass to stand in the fusion slot instead of the strategy's own (e.g.
     ``ApplyPartition`` of a plan made beforehand, so what is built is what was reported).
+    ``fold``: fold weight-only work first (:mod:`.fold`; every strategy but ``stock``).
     """
     resolved = for_pipeline(target)
     target = resolved.tvm
@@ -74,4 +76,4 @@ def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None,
     # a preset name or a description keeps its own description ("h200"; its compile target
     # says only sm_90, which alone is priced as an H100): ``for_pipeline``
     fusion = fusion or fusion_pass(strategy, cost_target or resolved, **config)
-    return scheduled_pipeline(target, fusion)
+    return scheduled_pipeline(target, fusion, fold)

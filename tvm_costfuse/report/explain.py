@@ -18,6 +18,7 @@ from .. import models
 from ..config import FusionConfig, register_config_keys
 from ..cost.extract import group_features
 from ..cost.features import op_class
+from ..fold import fold_weights
 from ..graph import OpGraph, build_graph
 from ..partition import fuseops_groups, resolve_groups
 from ..pipelines import prepare
@@ -114,7 +115,8 @@ def explain(
     dict
         ``model``, ``target``, ``config``; ``groups`` (one per kernel: ops, ``predicted_s``,
         ``breakdown``, ``registers``, ``spill_bytes``, ``schedule``); ``decisions``;
-        ``left_to_fuseops`` and ``notes``; ``totals`` for ``costfuse``, ``fuseops``,
+        ``left_to_fuseops`` and ``notes``; ``folded`` (weight-only work folded before
+        planning, one line per rewritten binding: :mod:`tvm_costfuse.fold`); ``totals`` for ``costfuse``, ``fuseops``,
         ``rules`` and ``none``.
     """
     register_config_keys()
@@ -122,7 +124,8 @@ def explain(
     if isinstance(model, str):
         model, _ = models.load(model, small=small)
     resolved = resolve(target)
-    mod = prepare(model, resolved.tvm)
+    model, folds = fold_weights(model)
+    mod = prepare(model, resolved.tvm, fold=False)
     desc = resolved.desc
     cfg = FusionConfig.resolve(**config)
     plan = plan_module(mod, desc, cfg, func_name)
@@ -165,6 +168,7 @@ def explain(
         "decisions": decisions,
         "left_to_fuseops": [list(g) for g in plan.left_to_fuseops],
         "notes": list(plan.notes),
+        "folded": [str(f) for f in folds],
         "totals": {k: _totals(graph, desc, cfg, g) for k, g in partitions.items()},
         "partitions": partitions,
         "edges": [[p, n.name] for n in graph.nodes for p in graph.producers(n.name)],
@@ -200,6 +204,7 @@ def format_text(report: dict, max_decisions: int = 40) -> str:
     for g in report["left_to_fuseops"]:
         lines.append(f"  left to FuseOps: {', '.join(g)}")
     lines += [f"  note: {n}" for n in report["notes"]]
+    lines += [f"  folded: {f}" for f in report.get("folded", ())]
     lines += ["", f"{'partition':<10} {'kernels':>7} {'pred us':>10} {'intermediate KiB':>17}"]
     for k, t in report["totals"].items():
         lines.append(f"{k:<10} {t['kernels']:>7} {_us(t['predicted_s']):>10} "
