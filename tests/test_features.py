@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from conftest import prepared
+from tvm_costfuse import models
+from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.schedules.catalog import card_of
 
 from tvm_costfuse.cost.analytical import estimate, launch_seconds
@@ -39,11 +41,15 @@ def test_split_epilogue_falls_back_but_batch_norm_epilogue_does_not() -> None:
     f = group_features(gpt2, split)
     assert f.tuple_items == 2  # three elements of one tuple read after the contraction
     assert f.schedule_on("cuda") == f.schedule_on("cpu") == "fallback"
-    conv = _graph("conv_bn_relu")
+    mod, _ = models.load("conv_bn_relu", small=True)
+    conv = build_graph(prepare(mod, fold=False))  # the batch norm as the importer left it
     f = group_features(conv, ["conv2d", "batch_norm", "bn", "relu"])
     assert f.tuple_items == 0  # batch_norm's moving mean/var outputs are never read
     assert f.reshaping_ops == 0  # batch_norm computes: an elementwise epilogue, not a reshape
     assert f.schedule_on("cpu") == f.schedule_on("cuda") == "contraction"
+    folded = group_features(_graph("conv_bn_relu"), ["conv2d", "bn", "relu"])  # a bias add
+    assert folded.schedule_on("cpu") == folded.schedule_on("cuda") == "contraction"
+    assert folded.flops < f.flops  # a bias add, not a batch norm per element
 
 
 def test_transpose_epilogue_keeps_the_tile_on_cuda_but_falls_back_on_cpu() -> None:

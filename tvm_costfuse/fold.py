@@ -59,6 +59,7 @@ class _Affine:
     parts: tuple[str, ...] = ()
     branches: tuple[str, ...] = ()
     sources: tuple[relax.Var, ...] = ()  # bindings whose forms this one absorbed
+    name: str = "folded"  # the first convolution's binding: the folded one is named after it
 
     @property
     def folded(self) -> bool:
@@ -102,7 +103,8 @@ class _Affine:
         per_group = self.channels // like.groups
         weight = np.zeros((self.channels, per_group, 1, 1))
         weight[np.arange(self.channels), np.arange(self.channels) % per_group, 0, 0] = self._scale()
-        return replace(self, weight=weight, scale=None, groups=like.groups, dilation=like.dilation)
+        return replace(self, weight=weight, scale=None, groups=like.groups, dilation=like.dilation,
+                       name=like.name)
 
 
 def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
@@ -223,12 +225,12 @@ class _Analysis:
             return None
         name, args = value.op.name, value.args
         if name == "relax.nn.conv2d":
-            return self._conv(value, out)
+            return self._conv(var, value, out)
         if name in ("relax.add", "relax.subtract", "relax.multiply", "relax.divide"):
             return self._binary(name, args, out)
         return None
 
-    def _conv(self, call: relax.Call, out: tuple[int, ...]) -> _Affine | None:
+    def _conv(self, var: relax.Var, call: relax.Call, out: tuple[int, ...]) -> _Affine | None:
         attrs = call.attrs
         weight = self.constant(call.args[1])
         if (weight is None or (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW")
@@ -240,7 +242,7 @@ class _Analysis:
         return _Affine(x=call.args[0], dtype=_dtype(call), channels=out[1], weight=weight,
                        strides=tuple(int(s) for s in attrs.strides), padding=tuple(pad),
                        dilation=tuple(int(d) for d in attrs.dilation), groups=int(attrs.groups),
-                       parts=(f"conv2d {weight.shape[2]}x{weight.shape[3]}",))
+                       parts=(f"conv2d {weight.shape[2]}x{weight.shape[3]}",), name=var.name)
 
     def _batch_norm(self, item: relax.TupleGetItem, out: tuple[int, ...]) -> _Affine | None:
         call = item.tuple_value
@@ -314,21 +316,24 @@ def _describe(form: _Affine) -> str:
     return f"{what} -> conv2d {kh}x{kw}" + (" + bias" if form.bias is not None else "")
 
 
-def _emit(form: _Affine, x: relax.Expr) -> relax.Expr:
-    """The folded form as Relax: one convolution plus a bias, or one multiply-add."""
+def _steps(form: _Affine) -> list:
+    """The folded form as Relax calls on its input, in order: one convolution plus a bias, or
+    one multiply-add."""
     dtype = form.dtype
     channel = (1, form.channels, 1, 1)
+    steps = []
     if form.weight is not None:
-        y = relax.op.nn.conv2d(x, relax.const(form.weight.astype(dtype)), strides=form.strides,
-                               padding=form.padding, dilation=form.dilation, groups=form.groups,
-                               out_dtype=dtype)
+        weight = relax.const(form.weight.astype(dtype))
+        steps.append(lambda y: relax.op.nn.conv2d(
+            y, weight, strides=form.strides, padding=form.padding, dilation=form.dilation,
+            groups=form.groups, out_dtype=dtype))
     elif form.scale is not None and not np.all(form.scale == 1.0):
-        y = relax.op.multiply(x, relax.const(form.scale.reshape(channel).astype(dtype)))
-    else:
-        y = x
+        scale = relax.const(form.scale.reshape(channel).astype(dtype))
+        steps.append(lambda y: relax.op.multiply(y, scale))
     if form.bias is not None:
-        y = relax.op.add(y, relax.const(form.bias.reshape(channel).astype(dtype)))
-    return y
+        bias = relax.const(form.bias.reshape(channel).astype(dtype))
+        steps.append(lambda y: relax.op.add(y, bias))
+    return steps
 
 
 @relax.expr_functor.mutator
@@ -342,7 +347,12 @@ class _Rewriter(relax.PyExprMutator):
         if form is None:
             super().visit_var_binding_(binding)
             return
-        value = _emit(form, self.visit_expr(form.x))
+        value = self.visit_expr(form.x)
+        steps = _steps(form)
+        for step in steps[:-1]:  # the convolution keeps the name of the one it replaces
+            value = self.builder_.emit(step(value), form.name)
+        if steps:
+            value = steps[-1](value)
         name = binding.var.name
         if isinstance(binding.var, relax.DataflowVar):
             new = self.builder_.emit(value, name)
