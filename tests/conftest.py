@@ -42,10 +42,11 @@ def _schedule_rules_raise_nothing_unexpected(caplog):
 
 
 @functools.cache
-def prepared(name: str, small: bool = True):
-    """(module after the pre-fusion passes, example inputs) for a zoo model."""
+def prepared(name: str, small: bool = True, fold: bool = True):
+    """(module after the pre-fusion passes, example inputs) for a zoo model; ``fold=False``
+    keeps its batch norms as the model wrote them."""
     mod, inputs = models.load(name, small=small)
-    return prepare(mod), inputs
+    return prepare(mod, fold=fold), inputs
 
 
 @functools.cache

@@ -192,3 +192,28 @@ def test_unfolded_pipeline_and_explain_report():
         prepared_plain["main"].body.blocks[0].bindings)
     report = explain(mod, "host")
     assert report["folded"] == [str(n) for n in notes]
+
+
+def test_a_batch_norm_whose_statistics_are_read_keeps_its_convolution():
+    """Were the convolution folded into the normalized item while the tuple's running mean is
+    read too, the batch norm would stay alive on a second copy of the convolution."""
+    rng = np.random.default_rng(5)
+    x = relax.Var("x", relax.TensorType((1, 3, 6, 6), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(
+                x, relax.const(rng.standard_normal((4, 3, 3, 3)).astype("float32")), padding=1))
+            vec = [relax.const(rng.uniform(0.5, 2.0, 4).astype("float32")) for _ in range(4)]
+            bn = bb.emit(relax.op.nn.batch_norm(conv, *vec, axis=1, training=False))
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(bn, 0))))
+            mean = bb.emit(relax.TupleGetItem(bn, 1))
+            out = bb.emit_output(relax.Tuple([y, mean]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded, notes = fold_weights(mod)
+    assert [n.what for n in notes] == ["batch_norm -> multiply-add"]
+    assert _ops(folded, "relax.nn.conv2d") == 1
+    data = {"x": rng.standard_normal((1, 3, 6, 6)).astype("float32")}
+    for a, b in zip(run(_build(folded), data), run(_build(mod), data)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)

@@ -245,9 +245,8 @@ class _Analysis:
                        parts=(f"conv2d {weight.shape[2]}x{weight.shape[3]}",), name=var.name)
 
     def _batch_norm(self, item: relax.TupleGetItem, out: tuple[int, ...]) -> _Affine | None:
-        call = item.tuple_value
-        if isinstance(call, relax.Var):
-            call = self.values.get(call)
+        tup = item.tuple_value
+        call = self.values.get(tup) if isinstance(tup, relax.Var) else None
         if (item.index != 0 or not isinstance(call, relax.Call)
                 or call.op != tvm.ir.Op.get("relax.nn.batch_norm")):
             return None
@@ -260,7 +259,14 @@ class _Analysis:
         scale = (gamma if attrs.scale else np.ones(out[1])) / np.sqrt(var + float(attrs.epsilon))
         shift = (beta if attrs.center else 0.0) - mean * scale
         data = call.args[0]
-        form = self._operand(data) or self._identity(data, out)
+        # the convolution folds in only where this item is all that is read of the tuple: a
+        # read moving mean keeps the batch norm (and its input) alive
+        items = [(v, e.index) for v, e in self.values.items()
+                 if isinstance(e, relax.TupleGetItem) and e.tuple_value.same_as(tup)]
+        private = (self.uses.get(tup, 0) == len(items)
+                   and sum(i == 0 for _, i in items) == 1
+                   and all(i == 0 or not self.uses.get(v, 0) for v, i in items))
+        form = (private and self._operand(data)) or self._identity(data, out)
         return form.times(scale, "batch_norm").plus(shift, None)
 
     def _identity(self, expr: relax.Expr, out: tuple[int, ...]) -> _Affine:

@@ -31,7 +31,11 @@ STRATEGIES = ("stock", "none", "tvm", "rules", "costfuse")
 VARIANTS = {"costfuse-xgb": ("costfuse", {"cost_model": "xgb"}),
              "costfuse-measured": ("costfuse", {"cost_model": "measured"}),
              "costfuse-exact": ("costfuse", {"search": "exact"}),
-             "costfuse-xgb-exact": ("costfuse", {"cost_model": "xgb", "search": "exact"})}
+             "costfuse-xgb-exact": ("costfuse", {"cost_model": "xgb", "search": "exact"}),
+             # weight folding off: what folding is worth, beside the same strategy with it
+             "none-unfolded": ("none", {"fold": False}),
+             "tvm-unfolded": ("tvm", {"fold": False}),
+             "costfuse-unfolded": ("costfuse", {"fold": False})}
 
 
 def split_strategy(strategy: str) -> tuple[str, dict]:
@@ -71,6 +75,7 @@ def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None, fold
     target = resolved.tvm
     strategy, variant = split_strategy(strategy)
     config = {**variant, **config}
+    fold = config.pop("fold", fold)
     if strategy == "stock":
         return relax.get_default_pipeline(target)
     # a preset name or a description keeps its own description ("h200"; its compile target

@@ -95,6 +95,7 @@ def explain(
     target: str | TargetDesc = "host",
     small: bool = False,
     func_name: str = "main",
+    fold: bool = True,
     **config,
 ) -> dict:
     """Plan ``model`` (a zoo name or a Relax IRModule) for ``target`` and say why.
@@ -107,6 +108,8 @@ def explain(
     target
         Anything :func:`tvm_costfuse.targets.resolve` takes: a preset name (``host``, ``h100``,
         ``h200``, ``a100``), a ``tvm.target.Target`` or a ``TargetDesc``.
+    fold
+        Fold weight-only work first, as the pipelines do (:mod:`tvm_costfuse.fold`).
     config
         ``FusionConfig`` fields (``max_chain_length=8``...); PassContext keys fill the rest.
 
@@ -116,7 +119,7 @@ def explain(
         ``model``, ``target``, ``config``; ``groups`` (one per kernel: ops, ``predicted_s``,
         ``breakdown``, ``registers``, ``spill_bytes``, ``schedule``); ``decisions``;
         ``left_to_fuseops`` and ``notes``; ``folded`` (weight-only work folded before
-        planning, one line per rewritten binding: :mod:`tvm_costfuse.fold`); ``totals`` for ``costfuse``, ``fuseops``,
+        planning, one line per rewritten binding); ``totals`` for ``costfuse``, ``fuseops``,
         ``rules`` and ``none``.
     """
     register_config_keys()
@@ -124,7 +127,7 @@ def explain(
     if isinstance(model, str):
         model, _ = models.load(model, small=small)
     resolved = resolve(target)
-    model, folds = fold_weights(model)
+    model, folds = fold_weights(model) if fold else (model, [])
     mod = prepare(model, resolved.tvm, fold=False)
     desc = resolved.desc
     cfg = FusionConfig.resolve(**config)
