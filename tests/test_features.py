@@ -6,14 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 from conftest import prepared
-from tvm_costfuse import models
-from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.schedules.catalog import card_of
 
+from tvm_costfuse import models
 from tvm_costfuse.cost.analytical import estimate, launch_seconds
 from tvm_costfuse.cost.extract import group_features
 from tvm_costfuse.cost.features import GroupFeatures, OpWork
 from tvm_costfuse.graph import build_graph
+from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.records.database import GroupDatabase
 from tvm_costfuse.targets import host, preset
 from tvm_costfuse.tuning.feedback import feature_row
