@@ -17,6 +17,9 @@ MODELS = ("attention", "bert_layer", "gpt2_block")
 STRATEGIES = ("none", "tvm", "costfuse", "bogus")
 
 
+# one worker builds the module fixture once (pyproject: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("compare")
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")

@@ -57,6 +57,9 @@ def _rows():
     return out, unmatched
 
 
+# one worker builds the module fixture once (pyproject: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("register-fidelity")
+
 @pytest.fixture(scope="module")
 def fidelity():
     return _rows()

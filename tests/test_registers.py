@@ -108,6 +108,9 @@ ptxas info    : Used 12 registers, used 0 barriers
 # ---------------------------------------------------------------------------------------------
 
 
+# one worker builds the module fixture once (pyproject: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("cuda-zoo")
+
 @pytest.fixture(scope="module")
 def zoo_cuda() -> dict[str, str]:
     """Model -> CUDA source of its small variant (TVM codegen, ~9 s for all ten)."""
