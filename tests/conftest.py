@@ -51,8 +51,8 @@ def prepared(name: str, small: bool = True, fold: bool = True):
 
 @functools.cache
 def reference(name: str) -> list[np.ndarray]:
-    """Outputs of the small model built with no fusion at all."""
-    mod, inputs = prepared(name)
+    """Outputs of the small model built with no fusion and no weight folding at all."""
+    mod, inputs = prepared(name, fold=False)
     return run(build(mod, fusion=None), inputs)
 
 

@@ -217,3 +217,28 @@ def test_a_batch_norm_whose_statistics_are_read_keeps_its_convolution():
     data = {"x": rng.standard_normal((1, 3, 6, 6)).astype("float32")}
     for a, b in zip(run(_build(folded), data), run(_build(mod), data)):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_a_dynamic_batch_folds_too():
+    """ONNX models often come with a symbolic batch: the channels and the image are all a fold
+    needs to know."""
+    rng = np.random.default_rng(7)
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 4, 7, 5), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            k3 = bb.emit(relax.op.nn.conv2d(
+                x, relax.const(rng.standard_normal((4, 4, 3, 3)).astype("float32")), padding=1))
+            vec = [relax.const(rng.uniform(0.5, 2.0, 4).astype("float32")) for _ in range(4)]
+            bn = bb.emit(relax.TupleGetItem(bb.emit(relax.op.nn.batch_norm(
+                k3, *vec, axis=1, training=False)), 0))
+            out = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.add(bn, x))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded, notes = fold_weights(mod)
+    assert [n.what for n in notes] == [
+        "2 branches summed (conv2d 3x3 + batch_norm; identity) -> conv2d 3x3 + bias"]
+    data = {"x": rng.standard_normal((3, 4, 7, 5)).astype("float32")}
+    np.testing.assert_allclose(run(_build(folded), data)[0], run(_build(mod), data)[0],
+                               atol=2e-5, rtol=1e-4)

@@ -107,13 +107,12 @@ class _Affine:
                        name=like.name)
 
 
-def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
+def _shape(expr: relax.Expr) -> tuple[int | str, ...] | None:
+    """``expr``'s shape; a symbolic dimension (a dynamic batch) by its name."""
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
-    if not all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values):
-        return None  # a symbolic dimension
-    return tuple(int(d) for d in ty.shape.values)
+    return tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values)
 
 
 def _dtype(expr: relax.Expr) -> str:
@@ -217,7 +216,7 @@ class _Analysis:
 
     def _form(self, var: relax.Var, value: relax.Expr) -> _Affine | None:
         out = _shape(var)
-        if out is None or len(out) != 4 or _dtype(var) not in _FLOATS:
+        if out is None or len(out) != 4 or not isinstance(out[1], int) or _dtype(var) not in _FLOATS:
             return None
         if isinstance(value, relax.TupleGetItem):
             return self._batch_norm(value, out)
@@ -289,6 +288,8 @@ class _Analysis:
                 return form.plus(-vec, short)
             if name == "relax.multiply":
                 return form.times(vec, short)
+            if not np.all(vec):
+                return None  # x / 0 is inf or nan, a folded weight times 0 is not
             return form.times(1.0 / vec, short)
         if name != "relax.add" or _shape(args[0]) != out or _shape(args[1]) != out:
             return None
@@ -304,7 +305,8 @@ class _Analysis:
         if not (a.weight is not None or b.weight is not None or a.folded or b.folded):
             return None  # x + x, or scaled copies of x: nothing to fold
         in_shape = _shape(a.x)
-        if in_shape is None or len(in_shape) != 4 or in_shape[0] != out[0]:
+        if (in_shape is None or len(in_shape) != 4 or in_shape[0] != out[0]
+                or not all(isinstance(d, int) for d in in_shape[2:] + out[2:])):
             return None
         return _merge(a, b, out[2:], in_shape[2:])
 

@@ -23,10 +23,13 @@ def build(
     target: tvm.target.Target | str = "llvm",
     fusion: tvm.transform.Pass | None = None,
     schedule: tvm.transform.Pass | None = None,
+    fold: bool = True,
 ) -> tvm.runtime.Executable:
-    """Compile ``mod`` with TVM's pipeline, ``fusion`` in place of FuseOps (None: no fusion)."""
+    """Compile ``mod`` with TVM's pipeline, ``fusion`` in place of FuseOps (None: no fusion),
+    weight-only work folded first unless ``fold=False``."""
     target = tvm.target.Target(target)
-    return tvm.compile(mod, target=target, relax_pipeline=build_pipeline(target, fusion, schedule))
+    return tvm.compile(mod, target=target,
+                       relax_pipeline=build_pipeline(target, fusion, schedule, fold))
 
 
 def _flatten(value) -> list[np.ndarray]:

@@ -140,9 +140,10 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
         row["failed"]["eager"] = _NO_TORCH
     if "compile" in peers and w.torch_call is None:
         row["failed"]["compile"] = _NO_TORCH
-    if ref is None:  # no PyTorch: our unfused build is the reference
+    if ref is None:  # no PyTorch: our unfused, unfolded build is the reference
         ref = run(tvm.compile(w.mod, target=host_target(),
-                              relax_pipeline=strategy_pipeline("none", host_target())),
+                              relax_pipeline=strategy_pipeline("none", host_target(),
+                                                               fold=False)),
                   w.inputs)[0]
     # an export of its own per row: ``tmp`` is shared by every model of a run
     onnx_path = w.onnx if isinstance(w.onnx, str) else os.path.join(
