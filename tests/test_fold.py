@@ -39,21 +39,29 @@ def _build(mod: tvm.IRModule):
     return tvm.compile(mod, "llvm")  # TVM's default pipeline: numerics, not speed
 
 
+_CONV = {1: relax.op.nn.conv1d, 2: relax.op.nn.conv2d, 3: relax.op.nn.conv3d}
+
+
 def _branch_program(rng: np.random.Generator):
-    """A random sum of convolution branches of one input (and what should fold)."""
+    """A random sum of convolution branches (1-, 2- or 3-d) of one input; the module and the
+    input's shape."""
+    axes = int(rng.choice([1, 2, 2, 3]))
     cin = int(rng.choice([1, 3, 4, 8]))
     groups = int(rng.choice([g for g in (1, 2, cin) if cin % g == 0]))
     cout = groups * int(rng.choice([1, 2])) if groups == cin else int(rng.choice([2, 4, 6]))
     if cout % groups or rng.random() < 0.5:
         cout = cin  # an identity branch can join
-    h, w = (int(v) for v in rng.choice([1, 2, 5, 7, 9], size=2))
+    image = tuple(int(v) for v in rng.choice([1, 2, 5, 7, 9] if axes < 3 else [1, 2, 3, 5],
+                                             size=axes))
     stride, dilation = int(rng.choice([1, 2])), int(rng.choice([1, 1, 2]))
     identity_ok = stride == 1 and cout == cin
-    x = relax.Var("x", relax.TensorType((1, cin, h, w), "float32"))
+    shape = (1, cin, *image)
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
     bb = relax.BlockBuilder()
+    conv = _CONV[axes]
 
-    def consts(*shape):
-        return relax.const(rng.standard_normal(shape).astype("float32"))
+    def consts(*dims):
+        return relax.const(rng.standard_normal(dims).astype("float32"))
 
     def positive(n):
         return relax.const(rng.uniform(0.5, 2.0, n).astype("float32"))
@@ -67,17 +75,17 @@ def _branch_program(rng: np.random.Generator):
                 if kind == "identity" and identity_ok:
                     y = x
                 elif kind == "asymmetric" and stride == 1 and dilation == 1:
-                    y = bb.emit(relax.op.nn.conv2d(x, consts(cout, cin // groups, 2, 2),
-                                                   padding=(1, 1, 0, 0), groups=groups))
+                    y = bb.emit(conv(x, consts(cout, cin // groups, *(2,) * axes),
+                                     padding=(1,) * axes + (0,) * axes, groups=groups))
                 else:
                     k = int(rng.choice([1, 3, 5]))
                     pad = dilation * (k - 1) // 2
-                    y = bb.emit(relax.op.nn.conv2d(x, consts(cout, cin // groups, k, k),
-                                                   strides=stride, padding=pad,
-                                                   dilation=dilation, groups=groups))
+                    y = bb.emit(conv(x, consts(cout, cin // groups, *(k,) * axes),
+                                     strides=stride, padding=pad, dilation=dilation,
+                                     groups=groups))
                 channels = cin if y is x else cout
                 if rng.random() < 0.5 and y is not x:
-                    y = bb.emit(relax.op.add(y, consts(1, channels, 1, 1)))
+                    y = bb.emit(relax.op.add(y, consts(1, channels, *(1,) * axes)))
                 if rng.random() < 0.7:
                     bn = bb.emit(relax.op.nn.batch_norm(
                         y, positive(channels), consts(channels), consts(channels),
@@ -95,15 +103,15 @@ def _branch_program(rng: np.random.Generator):
                 outputs.append(branches[0])  # a second use: must not be folded away
             out = bb.emit_output(relax.Tuple(outputs) if len(outputs) > 1 else outputs[0])
         bb.emit_func_output(out)
-    return bb.get(), cin, h, w
+    return bb.get(), shape
 
 
-@pytest.mark.parametrize("seed", range(14))
+@pytest.mark.parametrize("seed", range(18))
 def test_folded_branch_programs_compute_what_they_did(seed):
     rng = np.random.default_rng(seed)
-    mod, cin, h, w = _branch_program(rng)
+    mod, shape = _branch_program(rng)
     folded, notes = fold_weights(mod)
-    data = {"x": rng.standard_normal((1, cin, h, w)).astype("float32")}
+    data = {"x": rng.standard_normal(shape).astype("float32")}
     want = run(_build(mod), data)
     got = run(_build(folded), data)
     assert len(want) == len(got)
@@ -242,3 +250,76 @@ def test_a_dynamic_batch_folds_too():
     data = {"x": rng.standard_normal((3, 4, 7, 5)).astype("float32")}
     np.testing.assert_allclose(run(_build(folded), data)[0], run(_build(mod), data)[0],
                                atol=2e-5, rtol=1e-4)
+
+
+def _conv_bn(bb, x, weight, rng, dtype="float32", stats=None, **conv):
+    """conv2d then batch_norm (gamma, beta, mean, var: ``stats`` or drawn)."""
+    channels = weight.shape[0]
+    y = bb.emit(relax.op.nn.conv2d(x, relax.const(weight.astype(dtype)), out_dtype=dtype, **conv))
+    stats = stats or [rng.uniform(0.5, 2.0, channels) for _ in range(4)]
+    vec = [relax.const(np.asarray(v).astype(dtype)) for v in stats]
+    return y, bb.emit(relax.TupleGetItem(bb.emit(relax.op.nn.batch_norm(
+        y, *vec, axis=1, training=False)), 0))
+
+
+def _same(mod, folded, shape, rng, dtype="float32"):
+    data = {"x": rng.standard_normal(shape).astype(dtype)}
+    for a, b in zip(run(_build(folded), data), run(_build(mod), data)):
+        assert np.isfinite(a).all() == np.isfinite(b).all()
+        np.testing.assert_allclose(a.astype("f8"), b.astype("f8"), atol=1e-3, rtol=1e-3)
+
+
+def test_edge_programs_fold_safely_or_not_at_all():
+    """What a review found: a function without a dataflow block, a float16 weight that would
+    overflow once scaled, a constant that widens a one-channel convolution, a convolution also
+    returned, and branches whose merged kernel would have more taps than both (3x1 + 1x3)."""
+    rng = np.random.default_rng(11)
+    x = relax.Var("x", relax.TensorType((1, 3, 6, 6), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):  # no dataflow block
+        out = _conv_bn(bb, x, rng.standard_normal((4, 3, 3, 3)), rng, padding=1)[1]
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded, notes = fold_weights(mod)
+    assert len(notes) == 1
+    _same(mod, folded, (1, 3, 6, 6), rng)
+
+    x16 = relax.Var("x", relax.TensorType((1, 3, 6, 6), "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x16]):
+        with bb.dataflow():
+            big = np.full((4, 3, 3, 3), 200.0)  # times 2 / sqrt(1e-5): past float16's 65504
+            stats = [np.full(4, 2.0), np.zeros(4), np.zeros(4), np.zeros(4)]
+            out = bb.emit_output(_conv_bn(bb, x16, big, rng, "float16", stats, padding=1)[1])
+        bb.emit_func_output(out)
+    assert fold_weights(bb.get())[1] == []
+
+    for case in ("widen", "returned", "cross"):
+        bb = relax.BlockBuilder()
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                if case == "widen":  # (1, 1, 6, 6) + (1, 5, 1, 1) -> 5 channels
+                    one = bb.emit(relax.op.nn.conv2d(
+                        x, relax.const(rng.standard_normal((1, 3, 3, 3)).astype("float32")),
+                        padding=1))
+                    wide = bb.emit(relax.op.add(one, relax.const(
+                        rng.standard_normal((1, 5, 1, 1)).astype("float32"))))
+                    out = bb.emit_output(relax.op.nn.relu(wide))
+                elif case == "returned":
+                    conv, normed = _conv_bn(bb, x, rng.standard_normal((4, 3, 3, 3)), rng,
+                                            padding=1)
+                    out = bb.emit_output(relax.Tuple([conv, normed]))
+                else:
+                    tall = bb.emit(relax.op.nn.conv2d(x, relax.const(
+                        rng.standard_normal((3, 3, 3, 1)).astype("float32")), padding=(1, 0)))
+                    wide = bb.emit(relax.op.nn.conv2d(x, relax.const(
+                        rng.standard_normal((3, 3, 1, 3)).astype("float32")), padding=(0, 1)))
+                    out = bb.emit_output(relax.op.add(tall, wide))
+            bb.emit_func_output(out)
+        mod = bb.get()
+        folded, notes = fold_weights(mod)
+        if case == "cross":
+            assert notes == [] and _ops(folded, "relax.nn.conv2d") == 2
+        if case == "returned":  # the batch norm folds, into a multiply-add: one convolution
+            assert _ops(folded, "relax.nn.conv2d") == 1
+        _same(mod, folded, (1, 3, 6, 6), rng)

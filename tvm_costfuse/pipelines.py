@@ -44,7 +44,7 @@ def pre_fusion_passes(target: tvm.target.Target, fold: bool = True) -> list[tvm.
         if p.info.name in _FUSION_STEPS:
             break
         passes.append(p)
-    return [FoldWeights] * fold + backend.library_dispatch_passes(target) + passes
+    return ([FoldWeights] if fold else []) + backend.library_dispatch_passes(target) + passes
 
 
 def prepare(mod: tvm.IRModule, target: tvm.target.Target | str = "llvm",
@@ -92,7 +92,7 @@ def build_pipeline(
         # TVM changed its pipeline: fail loudly instead of silently not fusing.
         raise RuntimeError(f"TVM's {target.kind.name} legalize_passes no longer contain "
                            "FuseOps and FuseTIR")
-    passes = [FoldWeights] * fold + list(backend.library_dispatch_passes(target))
+    passes = ([FoldWeights] if fold else []) + list(backend.library_dispatch_passes(target))
     for p in legalize:
         name = p.info.name
         if name == "FuseOps":

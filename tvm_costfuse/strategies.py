@@ -75,7 +75,7 @@ def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None, fold
     target = resolved.tvm
     strategy, variant = split_strategy(strategy)
     config = {**variant, **config}
-    fold = config.pop("fold", fold)
+    fold = fold and config.pop("fold", True)  # off where the call or the variant says so
     if strategy == "stock":
         return relax.get_default_pipeline(target)
     # a preset name or a description keeps its own description ("h200"; its compile target
