@@ -80,6 +80,15 @@ def test_cli_explain_json(capsys) -> None:
     assert out["totals"]["costfuse"]["kernels"] > 1
 
 
+def test_cli_explain_lists_the_folds_unless_told_not_to_fold(capsys) -> None:
+    assert main(["explain", "conv_bn_relu", "--small", "--target", "host"]) == 0
+    folded = capsys.readouterr().out
+    assert "folded: bn: conv2d 3x3 + batch_norm -> conv2d 3x3 + bias" in folded
+    assert main(["explain", "conv_bn_relu", "--small", "--target", "host", "--no-fold"]) == 0
+    plain = capsys.readouterr().out
+    assert "folded:" not in plain and "batch_norm[" in plain
+
+
 def test_a_lone_reshape_is_a_view_not_a_kernel() -> None:
     # TVM's RewriteDataflowReshape turns a reshape left alone into a VM view: no kernel, no
     # bytes; fusing it into its producer moves the same tensor, so the bytes do not change.

@@ -210,7 +210,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     caps = {"max_chain_length": args.max_chain_length, "max_body_ops": args.max_body_ops,
             "register_budget": args.register_budget}
-    report = explain(args.model, args.target, small=args.small, **caps)
+    report = explain(args.model, args.target, small=args.small, fold=not args.no_fold, **caps)
     print(json.dumps(report, indent=1) if args.json else format_text(report))
     if args.plot:
         draw(report, args.plot)

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
     explain.add_argument("--plot", metavar="PNG", type=plot_file,
                          help="draw the fused graph to this file")
+    explain.add_argument("--no-fold", action="store_true",
+                         help="plan the model as written: no batch norm or convolution branch "
+                              "folded into the weights first")
     _caps(explain)
     explain.set_defaults(cmd="explain")
     comp = sub.add_parser("compile", help="compile a model into a library plain TVM loads "
@@ -124,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="host (this CPU), a GPU preset (h100...), or a tvm target string "
                            "('llvm -mcpu=znver3', 'cuda -arch=sm_90')")
     comp.add_argument("--strategy", default="costfuse",
-                      help="costfuse, tvm (FuseOps), none, or a variant (costfuse-xgb...)")
+                      help="costfuse, tvm (FuseOps), none, or a variant (costfuse-xgb..., "
+                           "costfuse-unfolded: no weight folding)")
     comp.add_argument("--config", nargs="+", metavar="KEY=VALUE", default=None,
                       help="CostFuse options (costfuse.* PassContext keys, prefix optional)")
     comp.add_argument("--report", default=None, type=output_file,

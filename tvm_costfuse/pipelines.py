@@ -55,10 +55,11 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target | str = "llvm",
         return tvm.transform.Sequential(pre_fusion_passes(target, fold))(mod)
 
 
-def fuse(mod: tvm.IRModule, target, fusion: tvm.transform.Pass) -> tvm.IRModule:
+def fuse(mod: tvm.IRModule, target, fusion: tvm.transform.Pass,
+         fold: bool = True) -> tvm.IRModule:
     """The module a schedule pass sees: pre-fusion passes, ``fusion``, ``FuseTIR``."""
     target = compile_target(target)
-    mod = prepare(mod, target)
+    mod = prepare(mod, target, fold)
     with target:
         return tvm.transform.Sequential([fusion, relax.transform.FuseTIR()])(mod)
 
