@@ -146,3 +146,15 @@ def test_scripts_use_the_package_through_its_public_names() -> None:
     """Scripts are thin: they call the package as a user would, never its private names or
     a patched import path (research that needs more lives in ``lab/``, outside the product)."""
     assert not _script_reaches()
+
+
+def test_every_package_folder_is_installed():
+    """pyproject lists the packages by name: a folder missing there imports from a checkout
+    (editable install) and is absent from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    folders = {".".join((PACKAGE, *p.parent.relative_to(ROOT / PACKAGE).parts))
+               for p in (ROOT / PACKAGE).rglob("__init__.py")}
+    assert folders <= listed, sorted(folders - listed)
