@@ -39,6 +39,23 @@ def _build(mod: tvm.IRModule):
     return tvm.compile(mod, "llvm")  # TVM's default pipeline: numerics, not speed
 
 
+def _conv_bn(bb, x, weight, rng, dtype="float32", stats=None, **conv):
+    """conv2d then batch_norm (gamma, beta, mean, var: ``stats`` or drawn)."""
+    channels = weight.shape[0]
+    y = bb.emit(relax.op.nn.conv2d(x, relax.const(weight.astype(dtype)), out_dtype=dtype, **conv))
+    stats = stats or [rng.uniform(0.5, 2.0, channels) for _ in range(4)]
+    vec = [relax.const(np.asarray(v).astype(dtype)) for v in stats]
+    return y, bb.emit(relax.TupleGetItem(bb.emit(relax.op.nn.batch_norm(
+        y, *vec, axis=1, training=False)), 0))
+
+
+def _same(mod, folded, shape, rng, dtype="float32"):
+    data = {"x": rng.standard_normal(shape).astype(dtype)}
+    for a, b in zip(run(_build(folded), data), run(_build(mod), data)):
+        assert np.isfinite(a).all() == np.isfinite(b).all()
+        np.testing.assert_allclose(a.astype("f8"), b.astype("f8"), atol=1e-3, rtol=1e-3)
+
+
 _CONV = {1: relax.op.nn.conv1d, 2: relax.op.nn.conv2d, 3: relax.op.nn.conv3d}
 
 
@@ -236,11 +253,7 @@ def test_a_dynamic_batch_folds_too():
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            k3 = bb.emit(relax.op.nn.conv2d(
-                x, relax.const(rng.standard_normal((4, 4, 3, 3)).astype("float32")), padding=1))
-            vec = [relax.const(rng.uniform(0.5, 2.0, 4).astype("float32")) for _ in range(4)]
-            bn = bb.emit(relax.TupleGetItem(bb.emit(relax.op.nn.batch_norm(
-                k3, *vec, axis=1, training=False)), 0))
+            bn = _conv_bn(bb, x, rng.standard_normal((4, 4, 3, 3)), rng, padding=1)[1]
             out = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.add(bn, x))))
         bb.emit_func_output(out)
     mod = bb.get()
@@ -250,23 +263,6 @@ def test_a_dynamic_batch_folds_too():
     data = {"x": rng.standard_normal((3, 4, 7, 5)).astype("float32")}
     np.testing.assert_allclose(run(_build(folded), data)[0], run(_build(mod), data)[0],
                                atol=2e-5, rtol=1e-4)
-
-
-def _conv_bn(bb, x, weight, rng, dtype="float32", stats=None, **conv):
-    """conv2d then batch_norm (gamma, beta, mean, var: ``stats`` or drawn)."""
-    channels = weight.shape[0]
-    y = bb.emit(relax.op.nn.conv2d(x, relax.const(weight.astype(dtype)), out_dtype=dtype, **conv))
-    stats = stats or [rng.uniform(0.5, 2.0, channels) for _ in range(4)]
-    vec = [relax.const(np.asarray(v).astype(dtype)) for v in stats]
-    return y, bb.emit(relax.TupleGetItem(bb.emit(relax.op.nn.batch_norm(
-        y, *vec, axis=1, training=False)), 0))
-
-
-def _same(mod, folded, shape, rng, dtype="float32"):
-    data = {"x": rng.standard_normal(shape).astype(dtype)}
-    for a, b in zip(run(_build(folded), data), run(_build(mod), data)):
-        assert np.isfinite(a).all() == np.isfinite(b).all()
-        np.testing.assert_allclose(a.astype("f8"), b.astype("f8"), atol=1e-3, rtol=1e-3)
 
 
 def test_edge_programs_fold_safely_or_not_at_all():
