@@ -211,4 +211,6 @@ def _vectorize_inner(sch, block, top, lanes: int, partial: bool) -> None:
     if is_spatial(stmt):
         vectorize_row(sch, sch.get_loops(block)[-1], lanes)
         return
-    sch.decompose_reduction(block, _first_reduction_loop(sch, block))
+    first = _first_reduction_loop(sch, block)
+    if first is not None:  # a reduction over one key (a cache of one): its init stays inline
+        sch.decompose_reduction(block, first)

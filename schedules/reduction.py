@@ -151,12 +151,13 @@ def _vector_rfactor(sch, block, target):
 
 def _first_reduction_loop(sch, block):
     """The outermost loop of ``block`` bound to a reduction iter (a mean over H and W
-    reduces over two loops above the vector of partials: the init goes above both)."""
+    reduces over two loops above the vector of partials: the init goes above both); None
+    where every reduction has unit extent (no loop drives one)."""
     stmt, realize = sch.get(block), get_sblockrealize(sch, block)
     reduce_values = [value for iv, value in zip(stmt.iter_vars, realize.iter_values)
                      if iv.iter_type == tirx.IterVar.CommReduce]
-    return next(lp for lp in sch.get_loops(block)
-                if any(uses(value, sch.get(lp).loop_var) for value in reduce_values))
+    return next((lp for lp in sch.get_loops(block)
+                 if any(uses(value, sch.get(lp).loop_var) for value in reduce_values)), None)
 
 
 def _row_loop(sch, block, n):

@@ -81,6 +81,10 @@ class _Analysis:
 
     def _channel(self, expr: relax.Expr, out_shape: tuple) -> np.ndarray | None:
         """A constant that varies at most along the channels (axis 1) of ``out_shape``."""
+        shape = _shape(expr)
+        if shape is None or not all(isinstance(d, int) for d in shape) or (
+                int(np.prod(shape)) > out_shape[1]):
+            return None  # not read into float64 to learn that it is no channel vector
         value = self.constant(expr)
         rank = len(out_shape)
         if value is None or value.ndim > rank:

@@ -15,6 +15,8 @@ width). A target this host cannot execute is still built: a build failure is a f
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,6 +129,29 @@ class BuildFailure(RuntimeError):
     """A drawn program failed to build under a drawn case; the message says which."""
 
 
+class _RuleLog(logging.Handler):
+    """Collects what the schedule rules' guard logs when a rule raises: the kernel then falls
+    to the next rule and still runs right, so only this record shows the rule's bug."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _rules_raising():
+    log = logging.getLogger("tvm_costfuse.schedules._loops")
+    handler = _RuleLog()
+    log.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        log.removeHandler(handler)
+
+
 @dataclass(frozen=True)
 class Case:
     """One differential check: which grouping, for which target, under which options."""
@@ -200,10 +225,14 @@ def check(program: Program, case: Case, draws: Draws,
     else:
         mod = prepared
     try:
-        ex = tvm.compile(mod, target=target, relax_pipeline=scheduled_pipeline(target, fusion))
+        with _rules_raising() as raised:
+            ex = tvm.compile(mod, target=target,
+                             relax_pipeline=scheduled_pipeline(target, fusion))
     except Exception as err:  # any build failure is a finding: say what was built
         first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
         raise BuildFailure(f"{case}: build failed: {first}; {program.describe()}") from err
+    if raised:
+        raise BuildFailure(f"{case}: {raised[0]}; {program.describe()}")
     if not runs_here(case.target):
         return None
     got = run(ex, program.inputs)

@@ -29,7 +29,7 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 _SCHEDULES = Path(schedules.__file__).resolve().parent  # schedules/ at the top of the repo
 # What decides the kernel a row timed, beside the installed TVM: the schedule rules and the
 # passes after them, how a group becomes one PrimFunc (feedback, partition, fusor; the
-# pre-fusion passes of pipelines), how it is built and timed (runners with pipelines'
+# pre-fusion passes of pipelines, the weight folding among them), how it is built and timed (runners with pipelines'
 # build pipeline, measurement/timing).
 # The cards' own module, the catalog and the contraction efficiency model only price kernels
 # (a card's numbers beside its rule are in the rule's file, and count).
@@ -41,6 +41,7 @@ KERNEL_SOURCES = (
     _PACKAGE / "partition.py",
     _PACKAGE / "fusor.py",
     _PACKAGE / "pipelines.py",
+    *sorted((_PACKAGE / "fold").glob("*.py")),  # the weight folding ahead of the pipelines
     _PACKAGE / "measurement" / "timing.py",
 )
 
