@@ -13,6 +13,7 @@ from typing import Any
 
 from .attention import ATTENTION_CARD
 from .card import Card
+from .chain import CHAIN_CARD
 from .classes import ScheduleClass
 from .contraction import CONTRACTION_CARD, STREAM_CARD
 from .cpu import ELEMENTWISE_CARD, FALLBACK_CARD
@@ -20,8 +21,9 @@ from .reduction import REDUCTION_CARD
 
 __all__ = ["CARDS", "card_of", "claim", "target_kind"]
 
-#: The rules' order (``cpu.rules()``): Contraction, Attention, RowReduction, Fallback.
-CARDS: tuple[Card, ...] = (CONTRACTION_CARD, STREAM_CARD, ATTENTION_CARD, REDUCTION_CARD,
+#: The rules' order (``cpu.rules()``): ChannelChain, Contraction, Attention, RowReduction,
+#: Fallback.
+CARDS: tuple[Card, ...] = (CHAIN_CARD, CONTRACTION_CARD, STREAM_CARD, ATTENTION_CARD, REDUCTION_CARD,
                            ELEMENTWISE_CARD, FALLBACK_CARD)
 _BY_CLASS = {card.cls: card for card in CARDS}
 

@@ -27,6 +27,8 @@ class ScheduleClass(enum.StrEnum):
     REDUCTION = "reduction"
     #: scores -> scale/mask -> softmax -> P V (or softmax -> P V) per block of query rows (CPU)
     ATTENTION = "attention"
+    #: a 1x1 conv feeding a depthwise conv, tiled together over channel blocks (CPU)
+    CONTRACTION_CHAIN = "contraction+chain"
     #: elementwise / injective chains, inlined into one vectorized nest
     ELEMENTWISE = "elementwise"
     #: everything else: spatial intermediates inlined, contractions as naive loop nests

@@ -38,11 +38,12 @@ from ._common import (
 from ._loops import SafeRule, schedule_rest
 from .attention import Attention
 from .card import Card
+from .chain import ChannelChain
 from .classes import ScheduleClass
 from .contraction import Contraction
 from .reduction import RowReduction
 
-__all__ = ["Attention", "Contraction", "Fallback", "RowReduction", "rules"]
+__all__ = ["Attention", "ChannelChain", "Contraction", "Fallback", "RowReduction", "rules"]
 
 
 def _claims_elementwise(f, kind: str) -> bool:
@@ -101,4 +102,4 @@ class Fallback(SafeRule):
 
 def rules() -> list[dl.ScheduleRule]:
     """The CPU rules in policy order: most specific first, the always-applying one last."""
-    return [Contraction(), Attention(), RowReduction(), Fallback()]
+    return [ChannelChain(), Contraction(), Attention(), RowReduction(), Fallback()]
