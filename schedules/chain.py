@@ -168,7 +168,9 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     pw = sch.get_sblock(pw_name)
     dw = sch.get_sblock(dw_name)
     plane = sch.get_sblock(plane_name)
-    if shape.cols[1] == 2:
+    if shape.cols[1] == 2 and int(shape.data.source.shape[-1]) % 2 == 0:
+        # an odd plane would need a pad column, written by a second block, and a plane with
+        # two writers cannot move into the channel loop: it keeps its rows (strided reads)
         sch.transform_layout(plane, ("write", 0), tirx.IndexMap.from_func(
             lambda *idx: (*idx[:-1], idx[-1] % 2, idx[-1] // 2), ndim=4), pad_value=0.0)
         plane = sch.get_sblock(plane_name)
@@ -196,7 +198,8 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     par = sch.fuse(*outer, co) if outer else co
     sch.parallel(par)
     writeback = sch.cache_write(dw, 0, "local")
-    inline_epilogue(sch, writeback)
+    if sch.get_consumers(writeback) and not inline_epilogue(sch, writeback):
+        return None  # an epilogue left as a pass of its own would run unscheduled
     sch.reverse_compute_at(writeback, wo, preserve_unit_loops=True)
     for lp in (*reduce_loops, hi):
         if int(sch.get(lp).extent) > 1:
@@ -210,7 +213,7 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     sch.compute_at(plane, par)
     if between is not None:
         sch.compute_at(between, par)
-    sch.compute_at(pw, par)
+    sch.compute_at(pw, par, preserve_unit_loops=True)
     sch.vectorize(sch.get_loops(plane)[-1])
     return _pointwise_tile(sch, pw, between, par, block, lanes, registers)
 
@@ -220,10 +223,10 @@ def _pointwise_tile(sch, pw, epilogue, par, block: int, lanes: int, registers: i
     merged pixels in accumulators, the reduction outside them."""
     loops = sch.get_loops(pw)
     at = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(par)))
-    rest = loops[at + 1:]
-    if len(rest) != 3:
+    rest = loops[at + 1:]  # unit loops (the batch) first, then channels, pixels, reduction
+    if len(rest) < 3 or any(int(sch.get(lp).extent) != 1 for lp in rest[:-3]):
         return None
-    channel, pixels, reduce = rest
+    channel, pixels, reduce = rest[-3:]
     count = int(sch.get(pixels).extent)
     vectors = max(1, min(4, accumulator_budget(registers) // block, -(-count // lanes)))
     po, pv, pi = sch.split(pixels, factors=[None, vectors, lanes])
@@ -234,7 +237,8 @@ def _pointwise_tile(sch, pw, epilogue, par, block: int, lanes: int, registers: i
     sch.reverse_compute_at(writeback, po, preserve_unit_loops=True)
     if epilogue is not None:
         sch.reverse_compute_inline(epilogue)
-    sch.unroll(channel)
+    if block > 1:
+        sch.unroll(channel)
     sch.unroll(pv)
     sch.vectorize(pi)
     init = sch.decompose_reduction(pw, reduce)

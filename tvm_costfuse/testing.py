@@ -165,3 +165,46 @@ def decode_attention_program(kv_heads: int, group: int, past: int, d: int,
             out = bb.emit_output(op.matmul(bb.emit(op.nn.softmax(sc, axis=-1)), v))
         bb.emit_func_output(out)
     return prepare(bb.get()), inputs
+
+
+def channel_chain_program(batch: int, channels: int, expanded: int, height: int, width: int,
+                          kernel: int = 3, stride: int = 1, padding: int | None = None,
+                          act: str = "relu6", seed: int = 0):
+    """An inverted-residual block's first half as the importers emit it: a 1x1 conv with a bias
+    and ``act`` (``relu6``, ``silu`` or ``none``), then a ``kernel x kernel`` depthwise conv
+    (``stride``, ``padding``: ``kernel // 2`` by default) with a bias and ``act``; prepared
+    for fusion, with constant weights and an input (``tests/test_chain.py``, ``lab/chain_ab.py``).
+    """
+    import numpy as np
+    from tvm import relax
+
+    from .pipelines import prepare
+
+    F32, op = "float32", relax.op
+    rng = np.random.default_rng(seed)
+    shape = (batch, channels, height, width)
+    x = relax.Var("x", relax.TensorType(shape, F32))
+
+    def const(*dims, scale=1.0):
+        return relax.const((rng.standard_normal(dims) * scale).astype(F32))
+
+    bb = relax.BlockBuilder()
+
+    def activate(value):
+        value = bb.emit(value)
+        if act == "relu6":
+            return bb.emit(op.clip(value, 0.0, 6.0))
+        if act == "silu":
+            return bb.emit(op.multiply(value, bb.emit(op.sigmoid(value))))
+        return value
+
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            e = bb.emit(op.nn.conv2d(x, const(expanded, channels, 1, 1, scale=channels ** -0.5)))
+            e = activate(op.add(e, const(1, expanded, 1, 1)))
+            d = bb.emit(op.nn.conv2d(e, const(expanded, 1, kernel, kernel, scale=1.0 / kernel),
+                                     strides=stride, groups=expanded,
+                                     padding=kernel // 2 if padding is None else padding))
+            out = bb.emit_output(activate(op.add(d, const(1, expanded, 1, 1))))
+        bb.emit_func_output(out)
+    return prepare(bb.get()), {"x": rng.standard_normal(shape).astype(F32)}

@@ -1,0 +1,121 @@
+"""The channel chain (``schedules/chain.py``): a 1x1 conv feeding a depthwise conv in one
+kernel tiled over channel blocks, a grouping only CostFuse forms. Differential checks against
+the unfused program over adversarial extents (1x1 and odd images, strides 2, channel counts no
+block divides, batch 2, 5x5 and 7x7 windows, no padding, SiLU / ReLU6 / no activation) and
+seeded random draws; the kernel's structure on fixed AVX2 / AVX-512 targets; the card claims
+what the rule takes, and the planner forms the group."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from conftest import fused_kernel, kernels
+from tvm import tirx
+from tvm_costfuse.schedules import schedule_pass
+from tvm_costfuse.schedules.chain import ChannelChain
+from tvm_costfuse.schedules.classes import ScheduleClass
+
+from tvm_costfuse import FusionConfig, build_graph, plan_greedy
+from tvm_costfuse.cost.extract import group_features
+from tvm_costfuse.measurement.timing import run
+from tvm_costfuse.partition import ApplyPartition
+from tvm_costfuse.pipelines import build_pipeline
+from tvm_costfuse.targets import host, host_target
+from tvm_costfuse.testing import channel_chain_program
+
+TARGET = host_target(2)
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+
+# (batch, channels, expanded, height, width, kernel, stride, padding, activation)
+EDGES = [
+    (1, 2, 8, 1, 1, 3, 1, 1, "relu6"),  # a 1x1 image: every tap but the centre is padding
+    (1, 3, 6, 2, 3, 3, 2, 1, "silu"),  # smaller than one vector, stride 2
+    (1, 4, 13, 7, 7, 3, 1, 1, "relu6"),  # 13 channels: no block of several divides them
+    (2, 8, 24, 9, 11, 3, 2, 1, "silu"),  # batch 2, odd and unequal sides, stride 2
+    (1, 16, 96, 17, 17, 5, 2, 2, "relu6"),  # 5x5, stride 2, odd side
+    (1, 5, 40, 12, 12, 3, 1, 0, "relu6"),  # no padding: the activation writes the plane
+    (1, 8, 16, 33, 33, 3, 1, 1, "none"),  # a bias alone between the convolutions
+    (1, 6, 12, 16, 16, 7, 1, 3, "silu"),  # 7x7
+    (1, 24, 144, 56, 56, 3, 1, 1, "relu6"),  # MobileNetV2's third block
+]
+
+
+def _draws(n: int, seed: int) -> list[tuple]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        k = rng.choice((3, 3, 5))
+        out.append((rng.choice((1, 1, 2)), rng.randrange(2, 40), rng.randrange(1, 70),
+                    rng.randrange(1, 40), rng.randrange(1, 40), k, rng.choice((1, 2)),
+                    rng.choice((k // 2, k // 2, 0)), rng.choice(("relu6", "silu", "none"))))
+    return [c for c in out if c[3] + 2 * c[7] >= c[5] and c[4] + 2 * c[7] >= c[5]]
+
+
+def _check(case: tuple) -> None:
+    batch, channels, expanded, height, width, k, stride, padding, act = case
+    mod, inputs = channel_chain_program(batch, channels, expanded, height, width, k, stride,
+                                        padding, act)
+    everything = kernels(mod)
+    with TARGET:
+        taken = ChannelChain().apply(fused_kernel(mod, everything), TARGET, False) is not None
+    claimed = group_features(build_graph(mod), everything).schedule_on("cpu")
+    # the card claims what the rule takes; both take every pair with an output image of more
+    # than one row and column (a unit axis leaves the depthwise conv no row to vectorize)
+    assert (claimed == ScheduleClass.CONTRACTION_CHAIN) == taken, (case, claimed)
+    rows, cols = ((n + 2 * padding - k) // stride + 1 for n in (height, width))
+    assert taken == (rows > 1 and cols > 1), case
+    fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, ApplyPartition([everything]), schedule_pass(TARGET)))
+    unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, None, schedule_pass(TARGET)))
+    got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(case))
+
+
+@pytest.mark.parametrize("case", EDGES, ids=lambda c: "x".join(map(str, c)))
+def test_chain_matches_the_unfused_program(case) -> None:
+    _check(case)
+
+
+@pytest.mark.parametrize("case", _draws(10, seed=29), ids=lambda c: "x".join(map(str, c)))
+def test_random_chains_match_the_unfused_program(case) -> None:
+    _check(case)
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_one_parallel_loop_over_channel_blocks(target) -> None:
+    mod, _ = channel_chain_program(1, 24, 144, 56, 56, stride=2)
+    with target:
+        sch = ChannelChain().apply(fused_kernel(mod, kernels(mod)), target, False)
+    assert sch is not None
+    loops = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, (tirx.For, loops.append), order="pre")
+    parallel = [lp for lp in loops if lp.kind == tirx.ForKind.PARALLEL]
+    assert [int(lp.extent) for lp in parallel] == [144 // 8]
+    lanes = 16 if target is AVX512 else 8
+    assert lanes in {int(lp.extent) for lp in loops if lp.kind == tirx.ForKind.VECTORIZED}
+
+
+def test_a_pointwise_depthwise_pair_is_no_chain() -> None:
+    # a 1x1 "depthwise" window has no taps to tile: the card and the rule both decline it
+    mod, _ = channel_chain_program(1, 8, 16, 8, 8, kernel=1)
+    everything = kernels(mod)
+    assert group_features(build_graph(mod), everything).schedule_on("cpu") != (
+        ScheduleClass.CONTRACTION_CHAIN)
+    with TARGET:
+        assert ChannelChain().apply(fused_kernel(mod, everything), TARGET, False) is None
+
+
+def test_planner_forms_the_chain() -> None:
+    mod, _ = channel_chain_program(1, 24, 144, 56, 56, stride=2)
+    graph = build_graph(mod)
+    plan = plan_greedy(graph, host(2, calibration=False), FusionConfig())
+    chains = [g for g in plan.groups if group_features(graph, g).schedule_on("cpu")
+              == ScheduleClass.CONTRACTION_CHAIN]
+    assert len(chains) == 1
+    assert sum((graph[n].prim_func or "").startswith("conv2d") for n in chains[0]) == 2
