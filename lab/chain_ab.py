@@ -62,13 +62,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--cases", nargs="*", default=None,
+                    help="cases as IC,CM,SIZE,K,STRIDE (default: the built-in list)")
     args = ap.parse_args()
+    cases = [tuple(int(v) for v in c.split(",")) for c in args.cases] if args.cases else CASES
     target = host_target(args.threads)
     tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
     rng = np.random.default_rng(0)
     print(f"{target}  load {os.getloadavg()[0]:.2f}")
     ratios = []
-    for ic, cm, size, k, stride in CASES:
+    for ic, cm, size, k, stride in cases:
         mod, x = block(ic, cm, size, k, stride, rng)
         vms = {}
         for name, split in (("split", True), ("chain", False)):

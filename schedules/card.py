@@ -22,12 +22,22 @@ from typing import Any
 
 from .classes import ScheduleClass
 
-__all__ = ["Card", "one_nest"]
+__all__ = ["Card", "no_items", "no_rereads", "one_nest"]
 
 
 def one_nest(features: Any) -> int:
     """One parallel loop nest per kernel (one thread-pool wake-up)."""
     return 1
+
+
+def no_items(features: Any) -> None:
+    """The kernel parallelizes over its output elements."""
+    return None
+
+
+def no_rereads(features: Any) -> tuple[int, int]:
+    """The kernel reads each input once."""
+    return 0, 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,14 @@ class Card:
     nests: Callable[[Any], int] = one_nest
     #: target kinds on which a planner merge may step through reshape views into this kind
     through_views: frozenset[str] = frozenset()
+    #: CPU: iterations of the kernel's one parallel loop, where its tiling sets them (None: the
+    #: output elements decide, as for every kind that parallelizes over its outputs)
+    parallel_items: Callable[[Any], int | None] = no_items
+    #: CPU: an operand the kernel reads again per tile, as (its bytes, extra reads)
+    rereads: Callable[[Any], tuple[int, int]] = no_rereads
+    #: CPU: a depthwise conv's padded input plane stays in the thread's cache (written and read
+    #: per tile) instead of a pass through memory of its own before the taps
+    planes_in_cache: bool = False
 
     def __post_init__(self) -> None:
         if "cuda" in self.efficiency and self.cuda_registers is None:
