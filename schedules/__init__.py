@@ -12,11 +12,12 @@ from __future__ import annotations
 from ._common import is_spatial, root_blocks
 from ._loops import int32_partition_loops
 from .backends import Backend, backend, finish_pass, first_rule, schedule_pass
-from .cpu import Attention, Contraction, Fallback, RowReduction, rules
+from .cpu import Attention, ChannelChain, Contraction, Fallback, RowReduction, rules
 
 __all__ = [
     "Attention",
     "Backend",
+    "ChannelChain",
     "Contraction",
     "Fallback",
     "RowReduction",

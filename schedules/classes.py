@@ -35,6 +35,12 @@ class ScheduleClass(enum.StrEnum):
     FALLBACK = "fallback"
 
 
+#: Final classes the stored learned models were trained without (``tuning_logs/``): their
+#: one-hot is all zeros, so no training row lies within the coverage radius of such a group and
+#: the learned model answers it analytically (``cost/learned.py``) until it is retrained with
+#: their rows; then the class moves to the end of :data:`FINAL`.
+UNLEARNED = (ScheduleClass.CONTRACTION_CHAIN,)
+
 #: The classes a kernel finally gets (``schedule_on``), in the learned model's one-hot order.
 FINAL = (ScheduleClass.CONTRACTION, ScheduleClass.CONTRACTION_STREAM, ScheduleClass.REDUCTION,
          ScheduleClass.ELEMENTWISE, ScheduleClass.FALLBACK, ScheduleClass.ATTENTION)

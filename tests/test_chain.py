@@ -119,3 +119,17 @@ def test_planner_forms_the_chain() -> None:
               == ScheduleClass.CONTRACTION_CHAIN]
     assert len(chains) == 1
     assert sum((graph[n].prim_func or "").startswith("conv2d") for n in chains[0]) == 2
+
+
+def test_the_learned_model_prices_a_chain_analytically() -> None:
+    # the stored models were trained before the kind existed (classes.UNLEARNED): no measured
+    # group lies near a chain, so the analytical price stands, marked as a fallback
+    from tvm_costfuse.cost import learned
+    from tvm_costfuse.cost.analytical import estimate
+
+    mod, _ = channel_chain_program(1, 24, 144, 56, 56, stride=2)
+    features = group_features(build_graph(mod), kernels(mod))
+    target = host(2, calibration=False)
+    got = learned.load_learned(target)(features, target)
+    assert got.breakdown.get("fallback") == 1.0
+    assert got.seconds == estimate(features, target).seconds
