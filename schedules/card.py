@@ -22,7 +22,7 @@ from typing import Any
 
 from .classes import ScheduleClass
 
-__all__ = ["Card", "no_items", "no_rereads", "one_nest"]
+__all__ = ["Card", "no_items", "no_rereads", "no_share", "one_nest"]
 
 
 def one_nest(features: Any) -> int:
@@ -32,6 +32,10 @@ def one_nest(features: Any) -> int:
 
 def no_items(features: Any) -> None:
     """The kernel parallelizes over its output elements."""
+
+
+def no_share(work: Any, lanes: int, registers: int) -> None:
+    """Every contraction is priced as its standalone rule's tile."""
 
 
 def no_rereads(features: Any) -> tuple[int, int]:
@@ -78,6 +82,9 @@ class Card:
     parallel_items: Callable[[Any], int | None] = no_items
     #: CPU: an operand the kernel reads again per tile, as (its bytes, extra reads)
     rereads: Callable[[Any], tuple[int, int]] = no_rereads
+    #: CPU: ``share(op work, lanes, registers)``, the share of peak a contraction reaches in
+    #: this kind's own tile (None: the standalone rule's, by its geometry)
+    share: Callable[[Any, int, int], float | None] = no_share
     #: CPU: a depthwise conv's padded input plane stays in the thread's cache (written and read
     #: per tile) instead of a pass through memory of its own before the taps
     planes_in_cache: bool = False

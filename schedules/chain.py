@@ -46,7 +46,8 @@ from ._loops import PARTITION_HINT, SafeRule, split_loops
 from .card import Card
 from .classes import ScheduleClass
 from .contraction import contraction_operands
-from .gemm_tile import accumulator_budget
+from .efficiency import E_PATH, K0_GEMM
+from .gemm_tile import FMA_LATENCY, LOADS_PER_CYCLE, accumulator_budget
 from .reduction import reciprocal_divisions
 
 __all__ = ["CHAIN_CARD", "ChannelChain"]
@@ -218,6 +219,31 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     return _pointwise_tile(sch, pw, between, par, block, lanes, registers)
 
 
+def pixel_vectors(pixels: int, block: int, lanes: int, registers: int) -> int:
+    """Vectors of merged pixels in the 1x1 conv's tile: as many as the accumulators hold next
+    to ``block`` channels, at most four, no more than the image fills."""
+    return max(1, min(4, accumulator_budget(registers) // block, -(-pixels // lanes)))
+
+
+def _pointwise_share(work, lanes: int, registers: int) -> float | None:
+    """The 1x1 conv's share of peak in the chain's tile (None for the depthwise conv: its
+    standalone tile): the tile's FMAs against its loads (``block`` broadcast weights and the
+    pixel vectors per step) and the FMA latency, times the GEMM path's best case and its
+    init / write-back term. The last, partial tile of an image is not charged as a whole one:
+    charged so (49 pixels in two tiles of 48), the model split every 14 x 14 and 7 x 7 pair,
+    and the 20 pairs measured inside mobilenet_v2 and efficientnet_b0 (``lab/chain_in_model.py``)
+    were chained faster in 6 of the 8 it split."""
+    g = work.geometry
+    if g is None or g.depthwise is not None or g.gemm is None:
+        return None
+    block = _channels_block(g.gemm.m)
+    pixels = g.gemm.n * (g.gemm.height or 1)
+    vectors = pixel_vectors(pixels, block, lanes, registers)
+    fmas = block * vectors
+    step = max(fmas / 2, (block + vectors) / LOADS_PER_CYCLE, FMA_LATENCY)
+    return E_PATH["gemm"] * (fmas / 2) / step * g.k / (g.k + K0_GEMM)
+
+
 def _pointwise_tile(sch, pw, epilogue, par, block: int, lanes: int, registers: int):
     """The 1x1 conv under the channel block: ``block`` channels by ``vectors`` vectors of
     merged pixels in accumulators, the reduction outside them."""
@@ -228,7 +254,7 @@ def _pointwise_tile(sch, pw, epilogue, par, block: int, lanes: int, registers: i
         return None
     channel, pixels, reduce = rest[-3:]
     count = int(sch.get(pixels).extent)
-    vectors = max(1, min(4, accumulator_budget(registers) // block, -(-count // lanes)))
+    vectors = pixel_vectors(count, block, lanes, registers)
     po, pv, pi = sch.split(pixels, factors=[None, vectors, lanes])
     if count % (vectors * lanes):
         sch.annotate(po, PARTITION_HINT, 1)
@@ -290,8 +316,9 @@ def _input_rereads(f) -> tuple[int, int]:
     return image, g.m // _channels_block(g.m) - 1
 
 
-# Both contractions are priced at the share their own tiles reach standalone (``efficiency.py``
-# by geometry); the expanded tensor between them stays in the thread's cache. What the tiling
+# The 1x1 conv is priced by the chain's own tile (``_pointwise_share``), the depthwise conv at
+# the share its standalone tile reaches (``efficiency.py``, by geometry); the expanded tensor
+# between them stays in the thread's cache. What the tiling
 # costs: the input read once per channel block (from L2 while it fits there), and a parallel
 # loop of batch x C_mid / CB iterations (8 -> 8 channels at 112 x 112 on 2 threads: one block,
 # 0.75x the two kernels; ``lab/chain_ab.py``).
@@ -299,6 +326,7 @@ CHAIN_CARD = Card(
     ScheduleClass.CONTRACTION_CHAIN, "ChannelChain", _claims_chain,
     efficiency={"cpu": 0.55}, contraction_efficiency={"cpu": 0.55},
     tiles_by_geometry=True, register_tile=True, recomputes=False, planes_in_cache=True,
+    share=_pointwise_share,
     parallel_items=_channel_blocks, rereads=_input_rereads)
 
 

@@ -215,6 +215,9 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
         lanes = max(1, target.vector_bits // (8 * f.dtype_bytes))
 
         def rate_of(w: OpWork) -> float:
+            own = card.share(w, lanes, target.vector_regs)
+            if own is not None:  # the kind's own tile for this block
+                return peak * own
             if w.geometry is not None:  # the rule's own tile for this block
                 return peak * fraction_of_peak(w.geometry, lanes, target.vector_regs)[1]
             return contraction_rate
