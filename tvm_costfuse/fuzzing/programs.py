@@ -1,5 +1,6 @@
 """Random small Relax programs over the operator vocabulary of the corpus, with adversarial
-extents (1, primes, odd image sizes, K = 1, 1x1 and depthwise kernels, broadcast-to-1).
+extents (1, primes, odd image sizes, K = 1, 1x1 and depthwise kernels, broadcast-to-1), and
+the pairs only CostFuse fuses (a 1x1 conv feeding a depthwise conv).
 
 Each program is built from one draw source (:class:`Draws`): a seeded ``random.Random`` for the
 long script, hypothesis' ``data.draw`` in the test suite, so a failure there shrinks. Weights are
@@ -117,6 +118,36 @@ class _Builder:
         self.used.add(i)
         self.emit(f"conv{k}x{k}/s{stride}/p{pad}/g{groups}->{out}", relax.op.nn.conv2d(
             x, wgt, strides=stride, padding=pad, groups=groups))
+        return True
+
+    def expand_depthwise(self) -> bool:
+        """An inverted residual block's first half, the pair ``schedules/chain.py`` fuses: a
+        1x1 conv widening the channels, a bias and an activation, a depthwise conv."""
+        i, x = self.take(4)
+        if x is None:
+            return False
+        _n, c, h, w = self.shape(x)
+        k, stride = self.d.pick((3, 3, 5)), self.d.pick((1, 2))
+        pad = self.d.pick((k // 2, k // 2, 0))
+        if h + 2 * pad < k or w + 2 * pad < k:
+            return False
+        wide = c * self.d.pick((1, 2, 3, 6))
+        op = relax.op
+        self.used.add(i)
+        self.emit(f"conv1x1->{wide}", op.nn.conv2d(x, self.const((wide, c, 1, 1),
+                                                                   1 / math.sqrt(c))))
+        act = self.d.pick(("relu6", "silu", "none"))
+        e = op.add(self.pool[-1], self.const((1, wide, 1, 1)))
+        if act == "relu6":
+            e = op.clip(e, 0.0, 6.0)
+        elif act == "silu":
+            e = op.multiply(e, op.sigmoid(e))
+        self.used.add(len(self.pool) - 1)
+        self.emit(f"bias+{act}", e)
+        self.used.add(len(self.pool) - 1)
+        self.emit(f"dw{k}x{k}/s{stride}/p{pad}", op.nn.conv2d(
+            self.pool[-1], self.const((wide, 1, k, k), 1 / k), strides=stride, padding=pad,
+            groups=wide))
         return True
 
     def channel_affine(self) -> bool:  # an inference batch norm, as DecomposeOps leaves it
@@ -298,7 +329,7 @@ class _Builder:
         self.emit("decode_attention", op.matmul(op.nn.softmax(scores, axis=-1), values))
         return True
 
-    EMITTERS = ("conv", "conv", "channel_affine", "unary", "unary", "binary", "binary",
+    EMITTERS = ("conv", "conv", "expand_depthwise", "channel_affine", "unary", "unary", "binary", "binary",
                 "reduce", "normalize", "pool2d", "flatten", "linear", "transpose", "concat",
                 "attention", "decode_attention")
 
