@@ -85,9 +85,6 @@ class Card:
     #: CPU: ``share(op work, lanes, registers)``, the share of peak a contraction reaches in
     #: this kind's own tile (None: the standalone rule's, by its geometry)
     share: Callable[[Any, int, int], float | None] = no_share
-    #: CPU: a depthwise conv's padded input plane stays in the thread's cache (written and read
-    #: per tile) instead of a pass through memory of its own before the taps
-    planes_in_cache: bool = False
 
     def __post_init__(self) -> None:
         if "cuda" in self.efficiency and self.cuda_registers is None:

@@ -23,8 +23,8 @@ __all__ = ["CARDS", "card_of", "claim", "target_kind"]
 
 #: The rules' order (``cpu.rules()``): ChannelChain, Contraction, Attention, RowReduction,
 #: Fallback.
-CARDS: tuple[Card, ...] = (CHAIN_CARD, CONTRACTION_CARD, STREAM_CARD, ATTENTION_CARD, REDUCTION_CARD,
-                           ELEMENTWISE_CARD, FALLBACK_CARD)
+CARDS: tuple[Card, ...] = (CHAIN_CARD, CONTRACTION_CARD, STREAM_CARD, ATTENTION_CARD,
+                           REDUCTION_CARD, ELEMENTWISE_CARD, FALLBACK_CARD)
 _BY_CLASS = {card.cls: card for card in CARDS}
 
 

@@ -26,14 +26,13 @@ once; it stays in L2 while ``X`` fits there. Whether the pair pays is the cost m
 
 from __future__ import annotations
 
-import logging
-
 import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from . import columns, depthwise
 from ._common import (
+    covers_output,
     inline_epilogue,
     inline_spatial,
     is_spatial,
@@ -52,9 +51,8 @@ from .reduction import reciprocal_divisions
 
 __all__ = ["CHAIN_CARD", "ChannelChain"]
 
-_log = logging.getLogger(__name__)
-
-# Channels per block: the broadcast weights of one step; 8 blocks of 8 give 2 threads work.
+# Channels per block: the broadcast weights of one tile step (8 of AVX-512's 32 registers);
+# the expanded channels of a MobileNet block (96-1152) still give 12+ blocks to share out.
 _MAX_CHANNELS = 8
 
 
@@ -89,20 +87,27 @@ def _pointwise(block: tirx.SBlock):
 
 
 def _reads_channelwise(plane: tirx.SBlock, buffer) -> bool:
-    """Whether every load of ``buffer`` in ``plane`` reads at ``plane``'s own channel (the
-    second-to-third output index): then depthwise channel ``c`` needs expanded channel ``c``."""
+    """Whether every load of ``buffer`` in ``plane`` reads at ``plane``'s own batch and channel
+    (the leading output indices, plain vars): then depthwise channel ``c`` needs expanded
+    channel ``c`` of the same image, and no block of channels reads another's."""
     store = plane.body
     if not isinstance(store, tirx.BufferStore) or len(store.indices) < 3:
         return False
-    channel = _var(store.indices[-3])
-    if channel is None:
-        return False
+    lead = list(store.indices[:-2])
+    if _var(lead[-1]) is None:
+        return False  # the channel index is no plain var
+
+    def same(index, own) -> bool:  # one var, or one constant (a unit batch bound to 0)
+        if isinstance(own, tirx.IntImm):
+            return isinstance(index, tirx.IntImm) and int(index) == int(own)
+        return isinstance(index, tirx.Var) and index.same_as(own)
+
     loads: list = []
     tvm_ffi.structural_walk(store.value, (ir.TensorLoad, loads.append), order="post")
     mine = [ld for ld in loads if ld.source.same_as(buffer)]
     return bool(mine) and all(
-        len(ld.indices) == len(store.indices) and _var(ld.indices[-3]) is not None
-        and ld.indices[-3].same_as(channel) for ld in mine)
+        len(ld.indices) == len(store.indices)
+        and all(same(i, own) for i, own in zip(ld.indices, lead)) for ld in mine)
 
 
 def _channels_block(channels: int) -> int:
@@ -121,8 +126,8 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     roles = _pointwise(sch.get(pw))
     operands = contraction_operands(sch.get(dw))
     shape = depthwise.analyze(sch.get(dw), *operands) if operands else None
-    if roles is None or shape is None or shape.cols[1] not in (1, 2):
-        return None
+    if roles is None or shape is None or max(shape.rows[1], shape.cols[1]) not in (1, 2):
+        return None  # the card's stride is the larger of the two
     expanded = sch.get(pw).writes[0].source
     columns.inline_copy(sch, pw, roles[0].source)  # the zero-width pad of a 1x1 conv
     if sch.get_producers(pw):
@@ -146,13 +151,20 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
         between = feeding[0]
         if ([sch.get(p).name_hint for p in sch.get_producers(between)] != [pw_name]
                 or len(sch.get_consumers(between)) != 1
+                or not covers_output(sch.get(between), sch.get(pw))
                 or not _reads_channelwise(sch.get(between), expanded)):
-            return None
+            return None  # computed in the 1x1 conv's write-back: one point per point
     source = sch.get(between).writes[0].source if between is not None else expanded
     if len(sch.get_consumers(pw)) != 1 or not _reads_channelwise(sch.get(plane), source):
         return None  # the expanded tensor is also an output, or read across channels
     if len(sch.get_consumers(dw)) > 1:
         return None
+    known = {pw_name, dw_name, plane_name} | (
+        {sch.get(between).name_hint} if between is not None else set())
+    rest = [sch.get(b).name_hint for b in root_blocks(sch) if sch.get(b).name_hint not in known]
+    after = [sch.get(b).name_hint for b in sch.get_consumers(dw)]
+    if len(rest) > 1 or rest and after != rest:
+        return None  # anything but one epilogue would be left an unscheduled nest
 
     lanes = vector_lanes(target, str(expanded.dtype))
     registers = vector_registers(target)
@@ -215,7 +227,7 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     if between is not None:
         sch.compute_at(between, par)
     sch.compute_at(pw, par, preserve_unit_loops=True)
-    sch.vectorize(sch.get_loops(plane)[-1])
+    depthwise._vectorize_last(sch, plane, lanes)  # whole vectors and a tail on a long row
     return _pointwise_tile(sch, pw, between, par, block, lanes, registers)
 
 
@@ -312,8 +324,10 @@ def _channel_blocks(f) -> int:
 def _input_rereads(f) -> tuple[int, int]:
     """The 1x1 conv's input, read once per block of its channels' ``C_mid / CB`` blocks."""
     work, g = _pointwise_work(f)
-    image = work.geometry.k * g.n * (g.height or 1) * f.dtype_bytes
-    return image, g.m // _channels_block(g.m) - 1
+    pixels = g.n * (g.height or 1)
+    batch = max(1, work.elems // max(1, g.m * pixels))
+    image = work.geometry.k * pixels * f.dtype_bytes
+    return image, batch * (g.m // _channels_block(g.m) - 1)
 
 
 # The 1x1 conv is priced by the chain's own tile (``_pointwise_share``), the depthwise conv at
@@ -325,7 +339,7 @@ def _input_rereads(f) -> tuple[int, int]:
 CHAIN_CARD = Card(
     ScheduleClass.CONTRACTION_CHAIN, "ChannelChain", _claims_chain,
     efficiency={"cpu": 0.55}, contraction_efficiency={"cpu": 0.55},
-    tiles_by_geometry=True, register_tile=True, recomputes=False, planes_in_cache=True,
+    tiles_by_geometry=True, register_tile=True, recomputes=False,
     share=_pointwise_share,
     parallel_items=_channel_blocks, rereads=_input_rereads)
 
@@ -337,7 +351,4 @@ class ChannelChain(SafeRule):
 
     def _apply(self, sch, target):
         sch = s_tir.Schedule(reciprocal_divisions(sch.mod["main"]))
-        done = schedule(sch, target)
-        if done is not None:
-            _log.debug("channel chain: %s", sch.mod["main"].attrs)
-        return done
+        return schedule(sch, target)

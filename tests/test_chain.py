@@ -42,6 +42,9 @@ EDGES = [
     (1, 8, 16, 33, 33, 3, 1, 1, "none"),  # a bias alone between the convolutions
     (1, 6, 12, 16, 16, 7, 1, 3, "silu"),  # 7x7
     (1, 24, 144, 56, 56, 3, 1, 1, "relu6"),  # MobileNetV2's third block
+    (1, 16, 96, 112, 112, 3, 2, 1, "silu"),  # its second: a deinterleaved plane, blocks of 8
+    (2, 12, 24, 14, 14, 3, 2, 1, "relu6"),  # batch 2 with a deinterleaved plane
+    (1, 3, 1, 14, 14, 3, 1, 1, "silu"),  # one expanded channel: declined by both
 ]
 
 
@@ -65,10 +68,11 @@ def _check(case: tuple) -> None:
         taken = ChannelChain().apply(fused_kernel(mod, everything), TARGET, False) is not None
     claimed = group_features(build_graph(mod), everything).schedule_on("cpu")
     # the card claims what the rule takes; both take every pair with an output image of more
-    # than one row and column (a unit axis leaves the depthwise conv no row to vectorize)
+    # than one row and column and more than one channel (a unit axis leaves the depthwise
+    # conv no row to vectorize, or no channel loop to block)
     assert (claimed == ScheduleClass.CONTRACTION_CHAIN) == taken, (case, claimed)
     rows, cols = ((n + 2 * padding - k) // stride + 1 for n in (height, width))
-    assert taken == (rows > 1 and cols > 1), case
+    assert taken == (rows > 1 and cols > 1 and expanded > 1), case
     fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
         TARGET, ApplyPartition([everything]), schedule_pass(TARGET)))
     unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(

@@ -135,19 +135,6 @@ def _parallel_efficiency(elems: int, dtype_bytes: int, target) -> float:
     return min(1.0, max(elems, 1) / _full_parallelism(dtype_bytes, target))
 
 
-def _plane_seconds(f: GroupFeatures, card: Card, seconds_to_move, cache_bw: float) -> float:
-    """The padded (at stride 2 deinterleaved) input plane of each depthwise conv in the group,
-    written once and read back by the taps (``schedules/depthwise.py``): a serial pass over the
-    whole input, from wherever its size puts it; in a kind that keeps it per tile in cache
-    (``Card.planes_in_cache``), a pass at the private cache's speed."""
-    total = 0.0
-    for w in _work(f):
-        if w.contraction and w.geometry is not None and w.geometry.depthwise:
-            plane = w.elems * w.geometry.depthwise ** 2 * f.dtype_bytes
-            total += 2 * (plane / cache_bw if card.planes_in_cache else seconds_to_move(plane))
-    return total
-
-
 def _work(f: GroupFeatures) -> tuple[OpWork, ...]:
     """Per-op work; one entry for the whole group when the features carry no per-op split."""
     return f.op_work or (OpWork(f.contraction_flops > 0, f.flops, f.out_elems, False, f.math),)
@@ -194,7 +181,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     memory = sum(seconds_to_move(s) for s in sizes)
     card = f.card_on(kind)
     reread, times = card.rereads(f)
-    if reread > (l2_bytes or target.l2_bytes) // 2:  # else the tile's own loads, from cache
+    if reread > target.l2_bytes // 2:  # one core's L2; else the tile's own loads, from cache
         memory += times * seconds_to_move(reread)
     if card.materializes:
         # Intermediates are written, then read: the fallback keeps every block; the CPU
@@ -240,10 +227,6 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
             f.out_elems, f.dtype_bytes, target)
 
     body = max(memory, compute) + (1 - _OVERLAP) * min(memory, compute)
-    if kind == "cpu":  # a depthwise conv's padded plane: a pass of its own before the taps
-        planes = _plane_seconds(f, card, seconds_to_move, l2_bw or llc_bw)
-        memory += planes
-        body += planes
     launch = launch_seconds(f, target, card)
     seconds = launch + body + spill
     breakdown = {"launch": launch, "memory": memory, "compute": compute, "spill": spill}

@@ -329,8 +329,8 @@ class _Builder:
         self.emit("decode_attention", op.matmul(op.nn.softmax(scores, axis=-1), values))
         return True
 
-    EMITTERS = ("conv", "conv", "expand_depthwise", "channel_affine", "unary", "unary", "binary", "binary",
-                "reduce", "normalize", "pool2d", "flatten", "linear", "transpose", "concat",
+    EMITTERS = ("conv", "conv", "expand_depthwise", "channel_affine", "unary", "unary",
+                "binary", "binary", "reduce", "normalize", "pool2d", "flatten", "linear", "transpose", "concat",
                 "attention", "decode_attention")
 
 
