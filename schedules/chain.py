@@ -241,10 +241,9 @@ def _pointwise_share(work, lanes: int, registers: int) -> float | None:
     """The 1x1 conv's share of peak in the chain's tile (None for the depthwise conv: its
     standalone tile): the tile's FMAs against its loads (``block`` broadcast weights and the
     pixel vectors per step) and the FMA latency, times the GEMM path's best case and its
-    init / write-back term. The last, partial tile of an image is not charged as a whole one:
-    charged so (49 pixels in two tiles of 48), the model split every 14 x 14 and 7 x 7 pair,
-    and the 20 pairs measured inside mobilenet_v2 and efficientnet_b0 (``lab/chain_in_model.py``)
-    were chained faster in 6 of the 8 it split."""
+    init / write-back term. The last, partial tile of an image is charged for its pixels, not as
+    a whole tile: charged whole, 14 x 14 and 7 x 7 pairs priced as losses that 6 of 8 measured
+    inside mobilenet_v2 and efficientnet_b0 were not (``lab/chain_in_model.py``)."""
     g = work.geometry
     if g is None or g.depthwise is not None or g.gemm is None:
         return None
@@ -307,25 +306,23 @@ def _claims_chain(f, kind: str) -> bool:
 
 
 def _pointwise_work(f):
-    """The 1x1 conv's ``OpWork`` and GEMM geometry (rows: expanded channels, columns: a row of
-    pixels, ``height`` rows merged into them)."""
+    """The 1x1 conv's ``OpWork``, its GEMM geometry (rows: expanded channels, columns: a row of
+    pixels, ``height`` rows merged into them), its pixels per image and the batch."""
     work = next(w for w in f.op_work if w.contraction)
-    return work, work.geometry.gemm
+    g = work.geometry.gemm
+    pixels = g.n * (g.height or 1)
+    return work, g, pixels, max(1, work.elems // max(1, g.m * pixels))
 
 
 def _channel_blocks(f) -> int:
     """The parallel loop's iterations: the batch times the expanded channels' blocks."""
-    work, g = _pointwise_work(f)
-    pixels = g.n * (g.height or 1)
-    batch = max(1, work.elems // max(1, g.m * pixels))
+    _, g, _, batch = _pointwise_work(f)
     return batch * (g.m // _channels_block(g.m))
 
 
 def _input_rereads(f) -> tuple[int, int]:
-    """The 1x1 conv's input, read once per block of its channels' ``C_mid / CB`` blocks."""
-    work, g = _pointwise_work(f)
-    pixels = g.n * (g.height or 1)
-    batch = max(1, work.elems // max(1, g.m * pixels))
+    """The 1x1 conv's input image, read once per block of its expanded channels."""
+    work, g, pixels, batch = _pointwise_work(f)
     image = work.geometry.k * pixels * f.dtype_bytes
     return image, batch * (g.m // _channels_block(g.m) - 1)
 
