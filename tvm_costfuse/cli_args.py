@@ -163,6 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also draw costfuse's speedup over each column, per model and "
                             "thread count, to this file (needs matplotlib: the plot extra)")
     bench.set_defaults(cmd="bench")
+    reg = sub.add_parser("regret", help="CostFuse's plan against the best plan measured "
+                         "around it (each region flipped to FuseOps' grouping, then the "
+                         "faster flips together): end-to-end regret and in-model decisions")
+    reg.add_argument("models", nargs="+", type=one_model, help=_MODEL)
+    reg.add_argument("--threads", nargs="+", type=int_at_least(1), default=[1],
+                     help="thread counts, each planned, built and timed apart (default 1)")
+    reg.add_argument("--repeat", type=int_at_least(3), default=7,
+                     help="interleaved timing rounds per round of the search (median)")
+    reg.add_argument("--small", action="store_true", help=_SMALL)
+    reg.add_argument("--out", default=None, type=output_file,
+                     help="also write the markdown tables here")
+    reg.set_defaults(cmd="regret")
     cmp = sub.add_parser("compare", help="models x strategies x targets: kernels, bytes, "
                          "predicted/measured time, registers; CSV, markdown and plots")
     cmp.add_argument("--models", nargs="+", default=[["all"]], type=compare_models,

@@ -169,11 +169,12 @@ def decode_attention_program(kv_heads: int, group: int, past: int, d: int,
 
 def channel_chain_program(batch: int, channels: int, expanded: int, height: int, width: int,
                           kernel: int = 3, stride: int = 1, padding: int | None = None,
-                          act: str = "relu6", seed: int = 0):
+                          act: str = "relu6", seed: int = 0, prepared: bool = True):
     """An inverted-residual block's first half as the importers emit it: a 1x1 conv with a bias
     and ``act`` (``relu6``, ``silu`` or ``none``), then a ``kernel x kernel`` depthwise conv
     (``stride``, ``padding``: ``kernel // 2`` by default) with a bias and ``act``; prepared
-    for fusion, with constant weights and an input (``tests/test_chain.py``, ``lab/chain_ab.py``).
+    for fusion unless ``prepared=False`` (then as ``tvm.compile`` takes it), with constant
+    weights and an input (``tests/test_chain.py``, ``lab/chain_ab.py``).
     """
     import numpy as np
     from tvm import relax
@@ -207,4 +208,5 @@ def channel_chain_program(batch: int, channels: int, expanded: int, height: int,
                                      padding=kernel // 2 if padding is None else padding))
             out = bb.emit_output(activate(op.add(d, const(1, expanded, 1, 1))))
         bb.emit_func_output(out)
-    return prepare(bb.get()), {"x": rng.standard_normal(shape).astype(F32)}
+    mod = bb.get()
+    return prepare(mod) if prepared else mod, {"x": rng.standard_normal(shape).astype(F32)}

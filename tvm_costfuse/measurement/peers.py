@@ -16,11 +16,19 @@ import tvm
 
 from .timing import call_sampler
 
-__all__ = ["SAMPLE_MS", "compiled_call", "eager_sampler", "first_output", "ort_session",
-           "thread_pool", "with_threads"]
+__all__ = ["SAMPLE_MS", "SETTLE_S", "compiled_call", "eager_sampler", "first_output",
+           "ort_session", "thread_pool", "with_threads"]
 
 #: One sample lasts at least this long (back-to-back calls, averaged).
 SAMPLE_MS = 50
+
+#: Pause before each sample when columns of different runtimes alternate. Each runtime's
+#: pool (ONNX Runtime's, PyTorch's OpenMP, TVM's) spins for a while after a call; at 2 threads
+#: on 2 cores the column sampled next then shares its cores with the spinning threads. Without
+#: the pause ONNX Runtime's 2-thread decode steps read 2.2-3.3x slower than with it (qwen2
+#: 128 past 6.33 against 2.16 ms, gpt2 1024 8.03 against 2.42; znver4, 2026-12-06), slower
+#: than at 1 thread; 0.3 s lets every pool park.
+SETTLE_S = 0.3
 
 
 def thread_pool(threads: int) -> None:

@@ -146,16 +146,25 @@ def call_sampler(fn: Callable[[], object], min_ms: int = 50) -> Sampler:
     return sample
 
 
-def interleave(samplers: Mapping[str, Sampler | Sequence[Sampler]], repeat: int
+def interleave(samplers: Mapping[str, Sampler | Sequence[Sampler]], repeat: int,
+               settle_s: float = 0.0, runtime: Callable[[str], str] | None = None
                ) -> dict[str, list[float]]:
     """``repeat`` rounds; each round samples every sampler of every variant once, so the drift
     of a shared machine hits all variants alike. A variant may have several samplers (builds,
-    or peers such as PyTorch); all their samples are its."""
+    or peers such as PyTorch); all their samples are its. Where ``runtime(variant)`` names
+    the runtime a variant runs in, the machine idles ``settle_s`` before each sample that
+    follows another runtime's (its pool may still spin: ``measurement.peers.SETTLE_S``)."""
     groups = {k: list(v) if isinstance(v, Sequence) else [v] for k, v in samplers.items()}
     samples: dict[str, list[float]] = {k: [] for k in groups}
+    last = None
     for _ in range(repeat):
         for k, group in groups.items():
-            samples[k] += [sample() for sample in group]
+            now = runtime(k) if runtime is not None else None
+            for sample in group:
+                if now != last:
+                    time.sleep(settle_s)
+                last = now
+                samples[k].append(sample())
     return samples
 
 

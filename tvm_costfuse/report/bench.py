@@ -10,6 +10,10 @@ model exported to one, and on request ``torch.compile`` (Inductor, compiled at `
 threads). Every column's output is checked against PyTorch's, or against our unfused build
 where there is no PyTorch form (max |got - want| / max |want|).
 
+Before each sample that follows another runtime's (ours, PyTorch, ONNX Runtime, Inductor) the
+machine is left idle for :data:`~..measurement.peers.SETTLE_S`, so that no runtime's
+spinning pool taxes the column after it.
+
 Each row records the cores other processes used while it was timed (``measurement.quiet``);
 a row above :data:`DISTURBED_CORES` is marked, to be rerun on a quiet machine.
 """
@@ -28,6 +32,7 @@ import tvm
 from .. import models
 from ..measurement.peers import (
     SAMPLE_MS,
+    SETTLE_S,
     compiled_call,
     eager_sampler,
     first_output,
@@ -191,7 +196,8 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
                 samplers[f"ort@{t}"] = call_sampler(
                     lambda sess=sess, feed=feed: sess.run(None, feed), SAMPLE_MS)
         with OtherLoad() as load:
-            timed = interleave(samplers, repeat)
+            timed = interleave(samplers, repeat, SETTLE_S,
+                               lambda k: "tvm" if k.split("@")[0] in ours else k)
         row["other_load"][str(t)] = load.cores
         for k, v in timed.items():
             row["ms"][k] = float(np.median(v)) * 1e3
