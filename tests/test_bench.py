@@ -82,3 +82,25 @@ def test_a_wrong_column_is_marked_and_left_out_of_the_geomeans() -> None:
     assert "WRONG 4" in text and "ort@1 is WRONG" in text
     assert "speedup over tvm: geomean 2.00x" in text and "speedup over ort" not in text
     assert speedup(row, "costfuse", "tvm", 1) == 2.0 and speedup(row, "costfuse", "ort", 1) is None
+
+
+def test_the_machine_idles_before_a_sample_that_follows_another_runtime(monkeypatch) -> None:
+    """A runtime's pool spins after its call; at 2 threads on 2 cores the next column shared
+    its cores with it (ONNX Runtime's decode steps read 2-3x slow): pause at each switch."""
+    from tvm_costfuse.measurement import timing
+
+    order: list[str] = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: order.append(f"sleep {s}"))
+
+    def sampler(name: str):
+        return lambda: order.append(name) or 1.0
+
+    samplers = {"none@2": sampler("none"), "costfuse@2": sampler("costfuse"),
+                "eager@2": sampler("eager"), "ort@2": sampler("ort")}
+    runtime = {"none@2": "tvm", "costfuse@2": "tvm", "eager@2": "torch", "ort@2": "ort"}
+    samples = timing.interleave(samplers, 2, 0.3, runtime.get)
+    assert samples == {k: [1.0, 1.0] for k in samplers}
+    assert order == ["sleep 0.3", "none", "costfuse", "sleep 0.3", "eager", "sleep 0.3", "ort"] * 2
+    order.clear()
+    timing.interleave(samplers, 1)  # no runtime named: back to back, as our own A/B runs
+    assert order == ["none", "costfuse", "eager", "ort"]

@@ -32,6 +32,8 @@ import tvm
 from ..config import FusionConfig
 from ..cost.analytical import one_footing
 from ..graph import build_graph
+from ..measurement.peers import thread_pool, with_threads
+from ..measurement.quiet import OtherLoad
 from ..measurement.timing import geomean, interleave, run, scaled_error, vm_sampler
 from ..partition import ApplyPartition, fuseops_groups
 from ..pipelines import prepare
@@ -60,9 +62,10 @@ class Region:
 
 
 def _spread(samples: Sequence[float]) -> float:
-    """(max - min) / median of one variant's samples."""
-    s = np.asarray(samples)
-    return float((s.max() - s.min()) / np.median(s))
+    """The interquartile range of one variant's samples over their median: one slow sample
+    of a shared host does not make every decision unclear, as the full range would."""
+    q1, q2, q3 = np.percentile(samples, [25, 50, 75])
+    return float((q3 - q1) / q2)
 
 
 def _groups(units: Units) -> list[list[str]]:
@@ -137,9 +140,11 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     errors = {k: scaled_error(run(ex, inputs)[0], ref) for k, ex in
               [*builds.items(), *((f"flip{i}", ex) for i, ex in flips.items())]}
     say("timing round 1")
-    first = interleave({k: vm_sampler(ex, inputs) for k, ex in
-                        [*builds.items(), *((f"flip{i}", ex) for i, ex in flips.items())]},
-                       repeat)
+    thread_pool(threads)
+    with OtherLoad() as load:
+        first = interleave({k: with_threads(vm_sampler(ex, inputs), threads) for k, ex in
+                            [*builds.items(), *((f"flip{i}", ex) for i, ex in flips.items())]},
+                           repeat)
     base = float(np.median(first["costfuse"]))
     for i, r in enumerate(regions):
         if i not in flips:
@@ -159,11 +164,14 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
             errors["all faster flips"] = scaled_error(
                 run(second["all faster flips"], inputs)[0], ref)
     say("timing round 2")
-    final = interleave({k: vm_sampler(ex, inputs) for k, ex in second.items()}, repeat)
+    with OtherLoad() as load2:
+        final = interleave({k: with_threads(vm_sampler(ex, inputs), threads)
+                            for k, ex in second.items()}, repeat)
     ms = {k: float(np.median(v)) * 1e3 for k, v in final.items()}
     return {"threads": threads, "ms": ms, "regret": ms["costfuse"] / min(ms.values()),
             "best": min(ms, key=ms.get), "regions": regions, "unbuilt": len(pairs) - len(flips),
-            "max_err": max(errors.values()), "costfuse_ms_round1": base * 1e3}
+            "max_err": max(errors.values()), "costfuse_ms_round1": base * 1e3,
+            "other_load": (load.cores, load2.cores)}
 
 
 def accuracy(regions: Sequence[tuple[Region, float]]) -> dict[str, float]:
@@ -201,11 +209,11 @@ def table(rows: Sequence[dict]) -> str:
     """Markdown: per model and thread count the whole plans' times and the regret; then per
     region its kernels, predicted and measured effect."""
     head = ("| model | threads | none ms | FuseOps ms | CostFuse ms | best flip ms | "
-            "all faster flips ms | regret | best | regions (clear) | max err |")
+            "all faster flips ms | regret | best | regions (clear) | max err | other load (rounds) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | | | | | | | | FAILED: {row['error']} |")
+            lines.append(f"| {row['model']} | | | | | | | | | | FAILED: {row['error']} | |")
             continue
         ms = row["ms"]
 
@@ -216,7 +224,7 @@ def table(rows: Sequence[dict]) -> str:
         lines.append(f"| {row['model']} | {row['threads']} | {cell('none')} | {cell('tvm')} | "
                      f"{cell('costfuse')} | {cell('best flip')} | {cell('all faster flips')} | "
                      f"{row['regret']:.3f} | {row['best']} | {len(row['regions'])} ({n_clear}) | "
-                     f"{row['max_err']:.1e} |")
+                     f"{row['max_err']:.1e} | {row['other_load'][0]:.2f} / {row['other_load'][1]:.2f} |")
     lines += ["", ("| model | threads | ops | CostFuse's kernels | FuseOps' kernels | "
                    "predicted us (ours / theirs) | flipped / CostFuse (round 1) | clear |"),
               "|---|---|---|---|---|---|---|---|"]
