@@ -175,32 +175,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_regret(args: argparse.Namespace) -> int:
     """Regret against the best measured plan, per model and thread count, and the clear
     regions' decisions next to always / never fuse (``report.regret``)."""
-    from .report.regret import regret, summary, table
-
-    rows = []
-    for spec in args.models:
-        mod, inputs = _load(spec, args.small)
-        for t in args.threads:
-            def say(msg: str, spec=spec, t=t) -> None:
-                print(f"regret {spec} @{t}: {msg}", file=sys.stderr, flush=True)
-
-            try:  # a model that fails is a row saying so; the rows measured so far are kept
-                rows.append({"model": spec, **regret(mod, inputs, t, args.repeat, say)})
-            except Exception as err:  # noqa: BLE001 -- reported in the table
-                rows.append({"model": spec,
-                             "error": f"{type(err).__name__}: {headline(str(err))}"[:200]})
-    text = table(rows)
     from .export import short_target
+    from .report.regret import rows, summary, table
 
+    done = rows(args.models, args.threads, args.repeat, lambda s: _load(s, args.small),
+                lambda msg: print(f"regret {msg}", file=sys.stderr, flush=True))
+    text = "\n".join([table(done), *summary(done, args.threads)])
     print(f"host {short_target(host_target())}, {len(os.sched_getaffinity(0))} CPUs, "
           f"repeat {args.repeat}")
     print(text)
-    done = [r for r in rows if "error" not in r]
-    for line in summary(rows, args.threads):
-        print(line)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    return 1 if not done else 0
+    return 1 if all("error" in r for r in done) else 0
 
 
 def cmd_models(_args: argparse.Namespace) -> int:

@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     reg.add_argument("models", nargs="+", type=one_model, help=_MODEL)
     reg.add_argument("--threads", nargs="+", type=int_at_least(1), default=[1],
                      help="thread counts, each planned, built and timed apart (default 1)")
-    reg.add_argument("--repeat", type=int_at_least(3), default=7,
+    reg.add_argument("--repeat", type=int_at_least(5), default=7,
                      help="interleaved timing rounds per round of the search (median)")
     reg.add_argument("--small", action="store_true", help=_SMALL)
     reg.add_argument("--out", default=None, type=output_file,

@@ -152,8 +152,9 @@ def interleave(samplers: Mapping[str, Sampler | Sequence[Sampler]], repeat: int,
     """``repeat`` rounds; each round samples every sampler of every variant once, so the drift
     of a shared machine hits all variants alike. A variant may have several samplers (builds,
     or peers such as PyTorch); all their samples are its. Where ``runtime(variant)`` names
-    the runtime a variant runs in, the machine idles ``settle_s`` before each sample that
-    follows another runtime's (its pool may still spin: ``measurement.peers.SETTLE_S``)."""
+    the runtime a variant runs in, the machine idles ``settle_s`` before the first sample and
+    before each sample that follows another runtime's (that runtime's pool may still spin:
+    ``measurement.peers.SETTLE_S``)."""
     groups = {k: list(v) if isinstance(v, Sequence) else [v] for k, v in samplers.items()}
     samples: dict[str, list[float]] = {k: [] for k in groups}
     last = None

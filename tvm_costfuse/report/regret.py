@@ -5,74 +5,112 @@ count, the space searched is every plan that takes, region by region, CostFuse's
 FuseOps' (``regions.differing_regions``: the ops of overlapping kernels form one region), plus
 no fusion: 2^R + 1 plans, too many to time at R ~ 20. So the search is local and measured:
 
-1. CostFuse's plan, FuseOps' plan, no fusion, and CostFuse's plan with one region flipped to
-   FuseOps' grouping (one build per region) are timed side by side (interleaved rounds);
-2. the plan that takes every flip measured faster than CostFuse's is built, and the whole
-   plans are timed side by side again with it and with the best single flip.
+1. CostFuse's plan, FuseOps' groups, no fusion, and CostFuse's plan with one region flipped to
+   FuseOps' grouping (one build per region) are timed side by side (interleaved rounds), each
+   flip right after a sample of CostFuse's plan (:func:`paired_ratio`);
+2. the flips measured faster than CostFuse's plan are combined, fastest first, each kept
+   where the kernels stay acyclic; the whole plans are timed side by side again with that
+   combination and with the best single flip.
 
-The best measured plan is the fastest of the second round, and regret = CostFuse / best (1.00:
-nothing measured beats CostFuse's plan). A combination of flips that are each slower alone is
-not tried, so this is the regret against the plans measured, not against the space's optimum.
+The best measured plan is the fastest correct one of the second round, and regret = CostFuse /
+best (1.00: nothing measured beats CostFuse's plan). A combination of flips that are each slower
+alone is not tried, and a minimum over noisy medians leans low: this is the regret against the
+plans measured, up to timing noise, not against the space's optimum.
 
-Each region is also a decision measured inside the model: CostFuse took its own grouping there
-(where FuseOps' was predicted cheaper, the planner took FuseOps', and the plans agree). A
-region is *clear* when the time its flip changes exceeds the spread of the runs; on the clear
-ones, the share where CostFuse's side is faster is printed next to the share where the side with
-fewer kernels is (always fuse) and the side with more (never fuse).
+Each region is also a decision measured inside the model. CostFuse took its own grouping there,
+so on those ops its model either priced its grouping cheaper or could not take FuseOps' (an
+illegal group, or a cycle with the rest of the plan). A region is *clear* when the interquartile
+range of its paired ratios (flip / CostFuse, :func:`paired_ratio`) stays more than 1% from 1; on
+the clear regions the share where CostFuse's side was faster is printed next to the share where
+the side with fewer kernels (always fuse) and with more (never fuse) was, over the regions whose
+sides differ in kernel count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import tvm
 
 from ..config import FusionConfig
 from ..cost.analytical import one_footing
-from ..graph import build_graph
+from ..graph import OpGraph, build_graph
 from ..measurement.peers import thread_pool, with_threads
 from ..measurement.quiet import OtherLoad
-from ..measurement.timing import geomean, interleave, run, scaled_error, vm_sampler
+from ..measurement.timing import (
+    SCALED_TOLERANCE,
+    geomean,
+    interleave,
+    run,
+    scaled_error,
+    vm_sampler,
+)
 from ..partition import ApplyPartition, fuseops_groups
 from ..pipelines import prepare
 from ..planner import Pricer, initial_units
 from ..quotient import Quotient
 from ..regions import differing_regions
 from ..strategies import strategy_pipeline
-from ..targets import for_target, host_target
+from ..targets import TargetDesc, for_target, host_target
 from ..transform import plan_module
 
-__all__ = ["Region", "accuracy", "plans", "regret", "summary", "table"]
+__all__ = ["FUSEOPS", "Plans", "Region", "accuracy", "combine_faster", "paired_ratio", "plans",
+           "regret", "rows", "summary", "table"]
 
 Units = list[frozenset]
 
+#: the variant built from FuseOps' groups (through ``ApplyPartition``, beside CostFuse's
+#: frozen groups: the space's other end, not ``relax.transform.FuseOps`` itself)
+FUSEOPS = "FuseOps' groups"
 
-@dataclass
+
+@dataclass(frozen=True)
 class Region:
     """One place where CostFuse's and FuseOps' plans differ, decided inside the model."""
 
     ops: int
+    where: str  # the region's costliest op: its PrimFunc and output shape
     ours: tuple[str, ...]  # the rule of each of CostFuse's kernels there
     theirs: tuple[str, ...]  # and of FuseOps'
     predicted_us: tuple[float, float]  # (ours, theirs), on one footing
     flipped_ms: float | None = None  # the model with this region as FuseOps groups it
     clear: bool = False
+    unbuilt: str = ""  # why the flipped plan was not timed (a cycle, a build error, wrong)
 
 
-def _spread(samples: Sequence[float]) -> float:
-    """The interquartile range of one variant's samples over their median: one slow sample
-    of a shared host does not make every decision unclear, as the full range would."""
-    q1, q2, q3 = np.percentile(samples, [25, 50, 75])
-    return float((q3 - q1) / q2)
+class Plans(NamedTuple):
+    graph: OpGraph
+    ours: Units
+    theirs: Units
+    pairs: list[tuple[Units, Units]]  # per region: (CostFuse's units, FuseOps' units)
+    regions: list[Region]
+
+
+def paired_ratio(flip: Sequence[float], base: Sequence[float]) -> tuple[float, bool]:
+    """(median over rounds of flip / the base sample taken just before it, whether that ratio
+    is clear of 1): clear when its interquartile range, and a margin of 1%, exclude 1. Paired
+    samples cancel the drift of a shared host between rounds, and a base sample that was slow
+    by chance moves one ratio, not every region's verdict (as one median base would)."""
+    r = np.asarray(flip) / np.asarray(base)
+    q1, q2, q3 = np.percentile(r, [25, 50, 75])
+    return float(q2), bool(q1 > 1.01 or q3 < 0.99)
 
 
 def _groups(units: Units) -> list[list[str]]:
     return [sorted(u) for u in units if len(u) > 1]
 
 
-def _describe(graph, price: Pricer, kind: str, units: Units) -> tuple[str, ...]:
+def _calls(graph: OpGraph, units: Units) -> set[frozenset]:
+    """The kernels of ``units`` as sets of call_tir bindings (where a TupleGetItem rides
+    does not make another kernel)."""
+    kernels = {frozenset(n for n in u if graph[n].kind == "call_tir") for u in units}
+    return {k for k in kernels if k}
+
+
+def _rules(graph: OpGraph, price: Pricer, kind: str, units: Units) -> tuple[str, ...]:
     names = []
     for u in sorted(units, key=lambda u: min(graph[n].index for n in u)):
         price.estimate(u)
@@ -80,48 +118,66 @@ def _describe(graph, price: Pricer, kind: str, units: Units) -> tuple[str, ...]:
     return tuple(names)
 
 
-def plans(mod: tvm.IRModule, target: tvm.target.Target):
-    """(our units, FuseOps' units, the differing regions as (ours, theirs), region records)
-    of ``main`` for ``target``, as CostFuse plans it in ``tvm.compile``."""
+def plans(mod: tvm.IRModule, target: tvm.target.Target, desc: TargetDesc | None = None) -> Plans:
+    """CostFuse's and FuseOps' units of ``main`` for ``target`` (CostFuse priced for ``desc``,
+    by default the target's description, as ``tvm.compile`` plans it) and their regions."""
     prepared = prepare(mod, target)
     graph = build_graph(prepared)
-    desc = for_target(target)
+    desc = desc or for_target(target)
     config = FusionConfig()
     plan = plan_module(prepared, desc, config)
-    frozen = [frozenset(g) for g in plan.left_to_fuseops]
+    # plan.groups holds the groups left to FuseOps too: each unit once
+    frozen = list(dict.fromkeys(frozenset(g) for g in plan.left_to_fuseops))
     fusable = {n for u in initial_units(graph) for n in u}
-    ours = initial_units(graph, [*frozen, *(frozenset(g) for g in plan.groups)])
-    theirs = initial_units(graph, [*frozen, *(frozenset(g) for g in fuseops_groups(prepared)
-                                             if len(g) > 1 and set(g) <= fusable)])
+    ours = initial_units(graph, list(dict.fromkeys([*frozen, *map(frozenset, plan.groups)])))
+    theirs_groups = [frozenset(g) for g in fuseops_groups(prepared)
+                     if len(g) > 1 and set(g) <= fusable and frozenset(g) not in frozen]
+    theirs = initial_units(graph, [*frozen, *theirs_groups])
     price = Pricer(graph, desc, config, None)
-    pairs, records = [], []
+    pairs, regions = [], []
     for mine, other in differing_regions(ours, theirs):
         if {n for u in mine for n in u} != {n for u in other for n in u}:
-            continue
+            continue  # an op one side leaves unfused: not a choice between the two groupings
+        if _calls(graph, mine) == _calls(graph, other):
+            continue  # the same kernels; only a TupleGetItem sits elsewhere
         seconds = one_footing([price.estimate(u) for u in (*mine, *other)])
         pairs.append((mine, other))
-        records.append(Region(
-            ops=sum(graph[n].kind == "call_tir" for u in mine for n in u),
-            ours=_describe(graph, price, desc.kind, mine),
-            theirs=_describe(graph, price, desc.kind, other),
+        calls = [graph[n] for u in mine for n in u if graph[n].kind == "call_tir"]
+        top = max(calls, key=lambda n: (n.flops, -n.index))
+        regions.append(Region(
+            ops=len(calls), where=f"{top.prim_func} {'x'.join(map(str, top.outputs[0].shape))}",
+            ours=_rules(graph, price, desc.kind, mine),
+            theirs=_rules(graph, price, desc.kind, other),
             predicted_us=(sum(seconds[:len(mine)]) * 1e6, sum(seconds[len(mine):]) * 1e6)))
-    return graph, ours, theirs, pairs, records
+    return Plans(graph, ours, theirs, pairs, regions)
 
 
-def _flip(graph, units: Units, regions) -> Units | None:
-    """``units`` with each region's CostFuse side swapped for FuseOps'; None when the result
-    has a cycle between kernels."""
+def _flip(graph: OpGraph, units: Units, pairs) -> Units | None:
+    """``units`` with each pair's CostFuse side swapped for FuseOps'; None when the kernels
+    would form a cycle."""
     parts = set(units)
-    for mine, other in regions:
+    for mine, other in pairs:
         parts = (parts - set(mine)) | set(other)
     return list(parts) if Quotient(graph, list(parts)).is_acyclic() else None
 
 
+def combine_faster(base_s: float, flipped_s: dict[int, float],
+                   acyclic: Callable[[list[int]], bool]) -> tuple[list[int], int]:
+    """The flips measured faster than ``base_s``, fastest first, each kept where ``acyclic``
+    holds for the set kept so far with it; returns (kept, how many faster ones were left out)."""
+    faster = sorted((i for i, s in flipped_s.items() if s < base_s), key=flipped_s.get)
+    kept: list[int] = []
+    for i in faster:
+        if acyclic([*kept, i]):
+            kept.append(i)
+    return kept, len(faster) - len(kept)
+
+
 def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
-           progress: Callable[[str], None] | None = None) -> dict:
+           progress: Callable[[str], None] | None = None, desc: TargetDesc | None = None) -> dict:
     """One model's regret row at ``threads`` threads (see the module's docstring)."""
     target = host_target(threads)
-    graph, ours, theirs, pairs, regions = plans(mod, target)
+    p = plans(mod, target, desc)
     say = progress or (lambda _m: None)
 
     def build(units: Units | None, strategy: str = "costfuse"):
@@ -129,64 +185,103 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
         return tvm.compile(mod, target=target,
                            relax_pipeline=strategy_pipeline(strategy, target, fusion=fusion))
 
-    say(f"building 3 plans and {len(pairs)} flipped regions")
-    builds = {"costfuse": build(ours), "tvm": build(theirs), "none": build(None, "none")}
+    say(f"building 3 plans and {len(p.pairs)} flipped regions")
+    builds = {"costfuse": build(p.ours), FUSEOPS: build(p.theirs),
+              "none": build(None, "none")}
     ref = run(builds["none"], inputs)[0]
-    flips: dict[int, object] = {}
-    for i, pair in enumerate(pairs):
-        units = _flip(graph, ours, [pair])
-        if units is not None:
-            flips[i] = build(units)
-    errors = {k: scaled_error(run(ex, inputs)[0], ref) for k, ex in
-              [*builds.items(), *((f"flip{i}", ex) for i, ex in flips.items())]}
+    regions = list(p.regions)
+    flips = {}
+    for i, pair in enumerate(p.pairs):
+        units = _flip(p.graph, p.ours, [pair])
+        if units is None:
+            regions[i] = replace(regions[i], unbuilt="a cycle")
+            continue
+        try:  # a flip that fails costs its region, not the row
+            ex = build(units)
+        except Exception as err:  # noqa: BLE001 -- recorded in the region's row
+            regions[i] = replace(regions[i], unbuilt=f"{type(err).__name__}: {err}"[:80])
+            continue
+        if not scaled_error(run(ex, inputs)[0], ref) <= SCALED_TOLERANCE:
+            regions[i] = replace(regions[i], unbuilt="WRONG")
+            continue
+        flips[i] = ex
+    errors = {k: scaled_error(run(ex, inputs)[0], ref) for k, ex in builds.items()}
+    if not errors["costfuse"] <= SCALED_TOLERANCE:
+        raise ValueError(f"CostFuse's plan is {errors['costfuse']:.1e} of the output's scale "
+                         "off no fusion")
     say("timing round 1")
     thread_pool(threads)
+    ours_sample = with_threads(vm_sampler(builds["costfuse"], inputs), threads)
+    samplers = {k: with_threads(vm_sampler(ex, inputs), threads) for k, ex in builds.items()}
+    for i, ex in flips.items():  # each flip right after a sample of CostFuse's plan: paired
+        samplers[f"base{i}"] = ours_sample
+        samplers[f"flip{i}"] = with_threads(vm_sampler(ex, inputs), threads)
     with OtherLoad() as load:
-        first = interleave({k: with_threads(vm_sampler(ex, inputs), threads) for k, ex in
-                            [*builds.items(), *((f"flip{i}", ex) for i, ex in flips.items())]},
-                           repeat)
-    base = float(np.median(first["costfuse"]))
-    for i, r in enumerate(regions):
-        if i not in flips:
-            continue
-        s = first[f"flip{i}"]
-        r.flipped_ms = float(np.median(s)) * 1e3
-        gap = abs(r.flipped_ms / 1e3 - base) / base
-        r.clear = gap > max(_spread(s), _spread(first["costfuse"]))
-    faster = [pairs[i] for i in flips if regions[i].flipped_ms / 1e3 < base]
+        first = interleave(samplers, repeat)
+    base = float(np.median(first["costfuse"] + [x for i in flips for x in first[f"base{i}"]]))
+    for i in flips:
+        ratio, clear = paired_ratio(first[f"flip{i}"], first[f"base{i}"])
+        regions[i] = replace(regions[i], flipped_ms=ratio * base * 1e3, clear=clear)
+    flipped_s = {i: regions[i].flipped_ms / 1e3 for i in flips}
+    kept, left_out = combine_faster(
+        base, flipped_s, lambda idx: _flip(p.graph, p.ours, [p.pairs[j] for j in idx]) is not None)
     second = dict(builds)
-    if faster:
-        best_single = min(flips, key=lambda i: regions[i].flipped_ms)
-        second["best flip"] = flips[best_single]
-        units = _flip(graph, ours, faster)
-        if units is not None and len(faster) > 1:
-            second["all faster flips"] = build(units)
-            errors["all faster flips"] = scaled_error(
-                run(second["all faster flips"], inputs)[0], ref)
+    if kept:
+        second["best flip"] = flips[kept[0]]
+    if len(kept) > 1:
+        combined = build(_flip(p.graph, p.ours, [p.pairs[j] for j in kept]))
+        errors["faster flips"] = scaled_error(run(combined, inputs)[0], ref)
+        if errors["faster flips"] <= SCALED_TOLERANCE:
+            second["faster flips"] = combined
     say("timing round 2")
+    thread_pool(threads)
     with OtherLoad() as load2:
         final = interleave({k: with_threads(vm_sampler(ex, inputs), threads)
                             for k, ex in second.items()}, repeat)
     ms = {k: float(np.median(v)) * 1e3 for k, v in final.items()}
-    return {"threads": threads, "ms": ms, "regret": ms["costfuse"] / min(ms.values()),
-            "best": min(ms, key=ms.get), "regions": regions, "unbuilt": len(pairs) - len(flips),
+    best = min(ms, key=ms.get)
+    return {"threads": threads, "ms": ms, "regret": ms["costfuse"] / ms[best], "best": best,
+            "regions": regions, "combined": len(kept), "left_out": left_out,
             "max_err": max(errors.values()), "costfuse_ms_round1": base * 1e3,
             "other_load": (load.cores, load2.cores)}
 
 
+def rows(specs: Sequence[str], threads: Sequence[int], repeat: int,
+         load: Callable[[str], tuple], say: Callable[[str], None]) -> list[dict]:
+    """:func:`regret` per model and thread count; a model that fails is a row saying so, and
+    the rows measured before it are kept."""
+    out = []
+    for spec in specs:
+        mod, inputs = load(spec)
+        for t in threads:
+            try:
+                out.append({"model": spec, **regret(
+                    mod, inputs, t, repeat, lambda msg, spec=spec, t=t: say(f"{spec} @{t}: {msg}"))})
+            except Exception as err:  # noqa: BLE001 -- reported in the table
+                lines = str(err).splitlines() or [""]
+                out.append({"model": spec, "threads": t,
+                            "error": f"{type(err).__name__}: {lines[0]}"[:200]})
+    return out
+
+
 def accuracy(regions: Sequence[tuple[Region, float]]) -> dict[str, float]:
-    """On the clear regions of (region, CostFuse's ms in its round) pairs: how many, and the
-    share where CostFuse's side, the side with fewer kernels (always fuse) and the side with
-    more (never fuse) was measured faster."""
+    """On the clear regions of (region, CostFuse's ms in its round) pairs: how many, the share
+    where CostFuse's side was measured faster, and over those whose sides differ in kernel
+    count ("sided"), the share where the side with fewer kernels (always fuse) and with more
+    (never fuse) was."""
     clear = [(r, base) for r, base in regions if r.clear and r.flipped_ms is not None]
     if not clear:
         return {"clear": 0}
     ours_faster = np.array([r.flipped_ms > base for r, base in clear])
     # +1 where CostFuse's side has fewer kernels, -1 more, 0 as many (neither baseline's pick)
     side = np.sign(np.array([len(r.theirs) - len(r.ours) for r, _ in clear]))
-    faster = np.where(ours_faster, side, -side)  # +1: the side with fewer kernels was faster
-    return {"clear": len(clear), "costfuse": float(np.mean(ours_faster)),
-            "always fuse": float(np.mean(faster > 0)), "never fuse": float(np.mean(faster < 0))}
+    fewer_faster = np.where(ours_faster, side, -side)[side != 0] > 0
+    out = {"clear": len(clear), "costfuse": float(np.mean(ours_faster)),
+           "sided": int(fewer_faster.size)}
+    if fewer_faster.size:
+        out["always fuse"] = float(np.mean(fewer_faster))
+        out["never fuse"] = 1.0 - out["always fuse"]
+    return out
 
 
 def summary(rows: Sequence[dict], threads: Sequence[int]) -> list[str]:
@@ -198,41 +293,48 @@ def summary(rows: Sequence[dict], threads: Sequence[int]) -> list[str]:
             continue
         worst = max(at, key=lambda r: r["regret"])
         acc = accuracy([(reg, r["costfuse_ms_round1"]) for r in at for reg in r["regions"]])
-        shares = ", ".join(f"{k} {v:.2f}" for k, v in acc.items() if k != "clear")
+        shares = ", ".join(f"{k} {acc[k]:.2f}" for k in ("costfuse", "always fuse", "never fuse")
+                           if k in acc)
         lines.append(f"- {t} thread(s): regret geomean {geomean([r['regret'] for r in at]):.3f},"
-                     f" worst {worst['regret']:.3f} ({worst['model']}); "
-                     f"{acc['clear']} clear regions" + (f": right {shares}" if shares else ""))
+                     f" worst {worst['regret']:.3f} ({worst['model']}); {acc['clear']} clear "
+                     "regions" + (f" ({acc['sided']} with sides of unequal kernel counts): "
+                                  f"right {shares}" if shares else ""))
     return lines
 
 
 def table(rows: Sequence[dict]) -> str:
     """Markdown: per model and thread count the whole plans' times and the regret; then per
     region its kernels, predicted and measured effect."""
-    head = ("| model | threads | none ms | FuseOps ms | CostFuse ms | best flip ms | "
-            "all faster flips ms | regret | best | regions (clear) | max err | other load (rounds) |")
+    head = ("| model | threads | none ms | FuseOps' groups ms | CostFuse ms | best flip ms | "
+            "faster flips ms (combined, left out) | regret | best | regions (clear) | max err "
+            "| other load (rounds) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | | | | | | | | FAILED: {row['error']} | |")
+            lines.append(f"| {row['model']} | {row.get('threads', '')} | | | | | | | | | | "
+                         f"FAILED: {row['error']} |")
             continue
-        ms = row["ms"]
 
-        def cell(k: str, ms=ms) -> str:
+        def cell(k: str, ms=row["ms"]) -> str:
             return f"{ms[k]:.3f}" if k in ms else "-"
 
         n_clear = sum(r.clear for r in row["regions"])
-        lines.append(f"| {row['model']} | {row['threads']} | {cell('none')} | {cell('tvm')} | "
-                     f"{cell('costfuse')} | {cell('best flip')} | {cell('all faster flips')} | "
-                     f"{row['regret']:.3f} | {row['best']} | {len(row['regions'])} ({n_clear}) | "
-                     f"{row['max_err']:.1e} | {row['other_load'][0]:.2f} / {row['other_load'][1]:.2f} |")
-    lines += ["", ("| model | threads | ops | CostFuse's kernels | FuseOps' kernels | "
+        load = row["other_load"]
+        lines.append(
+            f"| {row['model']} | {row['threads']} | {cell('none')} | {cell(FUSEOPS)} | "
+            f"{cell('costfuse')} | {cell('best flip')} | {cell('faster flips')} "
+            f"({row['combined']}, {row['left_out']}) | {row['regret']:.3f} | {row['best']} | "
+            f"{len(row['regions'])} ({n_clear}) | {row['max_err']:.1e} | "
+            f"{load[0]:.2f} / {load[1]:.2f} |")
+    lines += ["", ("| model | threads | where | ops | CostFuse's kernels | FuseOps' kernels | "
                    "predicted us (ours / theirs) | flipped / CostFuse (round 1) | clear |"),
-              "|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for r in row.get("regions", ()):
             ratio = (f"{r.flipped_ms / row['costfuse_ms_round1']:.3f}"
-                     if r.flipped_ms is not None else "cycle: not built")
-            lines.append(f"| {row['model']} | {row['threads']} | {r.ops} | {' + '.join(r.ours)} "
-                         f"| {' + '.join(r.theirs)} | {r.predicted_us[0]:.1f} / "
-                         f"{r.predicted_us[1]:.1f} | {ratio} | {'yes' if r.clear else 'no'} |")
+                     if r.flipped_ms is not None else f"not timed: {r.unbuilt}")
+            lines.append(f"| {row['model']} | {row['threads']} | {r.where} | {r.ops} | "
+                         f"{' + '.join(r.ours)} | {' + '.join(r.theirs)} | "
+                         f"{r.predicted_us[0]:.1f} / {r.predicted_us[1]:.1f} | {ratio} | "
+                         f"{'yes' if r.clear else 'no'} |")
     return "\n".join(lines)
