@@ -4,6 +4,8 @@ plans differ, and its decision counts are what the timings say. Timings are not 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import tvm
 from test_costfuse_pass import SymbolicBefore
@@ -21,6 +23,7 @@ from tvm_costfuse.report.regret import (
     plans,
     regret,
     summary,
+    table,
 )
 from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.targets import host, host_target
@@ -100,9 +103,13 @@ def test_a_chain_region_is_flipped_and_every_timed_plan_computes_the_same() -> N
     assert row["best"] in row["ms"] and row["combined"] + row["left_out"] <= 1
     (line,) = summary([{"model": "chain", **row}], [1])
     assert line.startswith("- 1 thread(s): regret geomean")
+    busy = table([{"model": "chain", **row, "other_load": (0.5, 0.0)}])
+    quiet = table([{"model": "chain", **row, "other_load": (0.0, float("nan"))}])
+    assert "| chain (busy) | 1 |" in busy and "| chain | 1 |" in quiet
 
 
 def test_the_regret_command_prints_its_tables(capsys) -> None:
     assert main(["regret", "mlp_gelu", "--small", "--repeat", "5"]) == 0
     out = capsys.readouterr().out
-    assert "| mlp_gelu | 1 |" in out and "regret geomean" in out
+    # (busy) where the other tests run beside it
+    assert re.search(r"\| mlp_gelu( \(busy\))? \| 1 \|", out) and "regret geomean" in out

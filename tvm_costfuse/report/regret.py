@@ -56,6 +56,7 @@ from ..regions import differing_regions
 from ..strategies import strategy_pipeline
 from ..targets import TargetDesc, for_target, host_target
 from ..transform import plan_module
+from .bench import DISTURBED_CORES
 
 __all__ = ["FUSEOPS", "Plans", "Region", "accuracy", "combine_faster", "paired_ratio", "plans",
            "regret", "rows", "summary", "table"]
@@ -320,8 +321,9 @@ def table(rows: Sequence[dict]) -> str:
 
         n_clear = sum(r.clear for r in row["regions"])
         load = row["other_load"]
+        busy = " (busy)" if max(load) > DISTURBED_CORES else ""  # NaN (unread) compares False
         lines.append(
-            f"| {row['model']} | {row['threads']} | {cell('none')} | {cell(FUSEOPS)} | "
+            f"| {row['model']}{busy} | {row['threads']} | {cell('none')} | {cell(FUSEOPS)} | "
             f"{cell('costfuse')} | {cell('best flip')} | {cell('faster flips')} "
             f"({row['combined']}, {row['left_out']}) | {row['regret']:.3f} | {row['best']} | "
             f"{len(row['regions'])} ({n_clear}) | {row['max_err']:.1e} | "
