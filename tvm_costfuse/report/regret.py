@@ -212,10 +212,9 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
                          "off no fusion")
     say("timing round 1")
     thread_pool(threads)
-    ours_sample = with_threads(vm_sampler(builds["costfuse"], inputs), threads)
     samplers = {k: with_threads(vm_sampler(ex, inputs), threads) for k, ex in builds.items()}
     for i, ex in flips.items():  # each flip right after a sample of CostFuse's plan: paired
-        samplers[f"base{i}"] = ours_sample
+        samplers[f"base{i}"] = samplers["costfuse"]
         samplers[f"flip{i}"] = with_threads(vm_sampler(ex, inputs), threads)
     with OtherLoad() as load:
         first = interleave(samplers, repeat)
@@ -255,9 +254,11 @@ def rows(specs: Sequence[str], threads: Sequence[int], repeat: int,
     for spec in specs:
         mod, inputs = load(spec)
         for t in threads:
+            def progress(msg: str, spec=spec, t=t) -> None:
+                say(f"{spec} @{t}: {msg}")
+
             try:
-                out.append({"model": spec, **regret(
-                    mod, inputs, t, repeat, lambda msg, spec=spec, t=t: say(f"{spec} @{t}: {msg}"))})
+                out.append({"model": spec, **regret(mod, inputs, t, repeat, progress)})
             except Exception as err:  # noqa: BLE001 -- reported in the table
                 lines = str(err).splitlines() or [""]
                 out.append({"model": spec, "threads": t,
