@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -22,11 +23,11 @@ import tvm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_kernels
-from tvm_costfuse.schedules import depthwise
+from tvm_costfuse.schedules import depthwise, efficiency
 
 from tvm_costfuse.measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
 from tvm_costfuse.strategies import strategy_pipeline
-from tvm_costfuse.targets import host_target
+from tvm_costfuse.targets import host, host_target
 
 
 def depthwise_convs(models: list[str], cache: Path | None) -> list[bench_kernels.Conv]:
@@ -104,6 +105,16 @@ def main() -> None:
         print(f"{case.name:48s} {med['dw'] * 1e3:8.3f} {gen * 1e3:8.3f} "
               f"{med['torch'] * 1e3:8.3f} {case.flops() / med['dw'] / 1e9:8.1f} "
               f"{ratios[-1]:8.2f} {before[-1]:9.2f}")
+    peak = host(args.threads).peak("float32")
+    shares: dict[int, list[float]] = {}
+    for case in cases:
+        taps = math.prod(case.w[2:])
+        dw = float(np.median(samples[(case.name, "dw")]))
+        shares.setdefault(case.stride, []).append(
+            case.flops() / dw / peak / (taps / (taps + efficiency.K0)))
+    print("E_DEPTHWISE fit (share of peak over K / (K + K0), geomean by stride): "
+          + ", ".join(f"stride {s} {geomean(v):.3f} ({len(v)} shapes)"
+                      for s, v in sorted(shares.items())))
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"geomean speed vs torch: depthwise {geomean(ratios):.2f}, general "
           f"{geomean(before) if not args.no_general else float('nan'):.2f}  load {load}")

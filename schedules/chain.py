@@ -181,11 +181,12 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     pw = sch.get_sblock(pw_name)
     dw = sch.get_sblock(dw_name)
     plane = sch.get_sblock(plane_name)
-    if shape.cols[1] == 2 and int(shape.data.source.shape[-1]) % 2 == 0:
+    deinterleaved = shape.cols[1] == 2 and int(shape.data.source.shape[-1]) % 2 == 0
+    if deinterleaved:
         # an odd plane would need a pad column, written by a second block, and a plane with
         # two writers cannot move into the channel loop: it keeps its rows (strided reads)
-        sch.transform_layout(plane, ("write", 0), tirx.IndexMap.from_func(
-            lambda *idx: (*idx[:-1], idx[-1] % 2, idx[-1] // 2), ndim=4), pad_value=0.0)
+        if not depthwise.deinterleave_columns(sch, plane):
+            return None  # the odd column's pad is checked above: no odd plane reaches here
         plane = sch.get_sblock(plane_name)
 
     # the depthwise tile, the channel loop split into blocks that run in parallel
@@ -227,7 +228,10 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     if between is not None:
         sch.compute_at(between, par)
     sch.compute_at(pw, par, preserve_unit_loops=True)
-    depthwise._vectorize_last(sch, plane, lanes)  # whole vectors and a tail on a long row
+    if deinterleaved:
+        depthwise.order_parity_last(sch, plane)
+    else:
+        depthwise._vectorize_last(sch, plane, lanes)  # whole vectors and a tail on a long row
     return _pointwise_tile(sch, pw, between, par, block, lanes, registers)
 
 

@@ -20,9 +20,10 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
 
 A depthwise convolution (``depthwise.py``) has no tile search: its share is
 ``K / (K + K0) * E_DEPTHWISE[stride]``, its time the loads of each tap and, at stride 2, the
-scalar deinterleaving copy (the geomean over the corpus's 44 depthwise shapes of
-``lab/depthwise_bench.py``, docs/log/2026-12-01b.md: stride 1 0.44, stride 2 0.14, 3x3
-and 5x5 within 1.4x of it).
+deinterleaving copy (the geomean over the corpus's depthwise shapes of
+``lab/depthwise_bench.py``, docs/log/2026-12-01b.md: stride 1 0.44, stride 2 0.14 on
+emeraldrapids, 3x3 and 5x5 within 1.4x of it; scaled by 1.12 and 1.91, the speed-ups of the
+half-vector tiles and the shuffled copy over the 38 shapes on znver4, docs/log/2026-12-06b.md).
 
 Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
 docs/log/2026-12-01a.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
@@ -66,7 +67,7 @@ E_PATH = {"gemm": 0.72, "conv": 0.80, "tiled": 0.43}
 # against 1.00-1.06 for the weight GEMMs of the same table; their geomean.
 E_ACTIVATION = 0.78
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
-E_DEPTHWISE = {1: 0.44, 2: 0.14}
+E_DEPTHWISE = {1: 0.49, 2: 0.27}
 
 
 class GemmGeometry(NamedTuple):

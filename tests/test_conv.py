@@ -328,7 +328,11 @@ def test_depthwise_inner_loop_is_full_vector_fmas(target, name):
         func = _assert_depthwise_kernel(_dw_func(name, target), target, DW_CASES[name][2])
     ex = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
     body = _inner_loop(ex.mod.inspect_source("asm"))
-    reg = "zmm" if isa.vector_bits(target) == 512 else "ymm"
+    lanes = isa.vector_lanes(target, "float32")
+    out = _out_shape(DW_CASES[name][:6])
+    tile = choose_depthwise_tile(out[-2], out[-1], lanes, isa.vector_registers(target))
+    bits = isa.vector_bits(target) // (1 if tile.width >= lanes else 2)  # or half vectors
+    reg = {512: "zmm", 256: "ymm", 128: "xmm"}[bits]
     fmas = [ln for ln in body.splitlines() if "vfmadd" in ln]
     assert len(fmas) >= 8 and all(reg in ln for ln in fmas)
     assert not [ln for ln in body.splitlines() if re.search(r"vgather|vinsertps|vpinsr", ln)]
@@ -351,5 +355,7 @@ def test_depthwise_tile_fits_the_register_file(target, height, width):
     lanes, registers = isa.vector_lanes(target, "float32"), isa.vector_registers(target)
     tile = choose_depthwise_tile(height, width, lanes, registers)
     assert height % tile.height == 0 and (tile.width == width or width % tile.width == 0)
-    assert tile.height * tile.vectors <= accumulator_budget(registers)
-    assert tile.height * tile.vectors >= min(4, height)  # a few independent FMA chains
+    cap = registers // 4  # the accumulators past which the unrolled window ran slower
+    assert tile.height * tile.vectors <= min(cap, accumulator_budget(registers))
+    taller = [d for d in range(tile.height + 1, height + 1) if height % d == 0]
+    assert not taller or taller[0] * tile.vectors > cap  # the most rows that fit
