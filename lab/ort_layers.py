@@ -122,7 +122,7 @@ def main() -> None:
           f"{sum(t[3] for t in theirs[j:]) * 1e3:.2f} ms)")
     rows.sort(key=lambda r: (r[4] - r[2]) if r[3] else 0.0)
     for symbol, shape, sec, ops, ort_sec in rows[: args.top]:
-        print(f"  ours {sec * 1e6:8.1f} us  ORT {ort_sec * 1e6:8.1f} us  {str(shape):22s} "
+        print(f"  ours {sec * 1e6:8.1f} us  ORT {ort_sec * 1e6:8.1f} us  {shape!s:22s} "
               f"{symbol[:40]:40s} {'+'.join(ops)[:40]}")
 
 
