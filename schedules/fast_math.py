@@ -18,8 +18,8 @@ values; the test asserts the bound in brackets:
   scaled by 2^23 first. 0.79 ulp (<= 1.5).
 - tanh: Cephes' odd polynomial below |x| = 0.625, 1 - 2 / (exp(2|x|) + 1) above.
   1.30 ulp (<= 2).
-- sigmoid: 1 / (1 + e) or e / (1 + e) with e = exp(-|x|), so neither tail cancels.
-  2.35 ulp (<= 3).
+- sigmoid: 1 / (1 + exp(-x)) as a ratio of two in-range terms (:func:`fast_sigmoid`), so
+  neither tail cancels or overflows. 2.48 ulp (<= 3; znver4).
 - erf: x + x P(x^2) below |x| = 1, 1 - Q(|x| - 2.46) up to 3.92 (above, erf rounds to 1),
   P (degree 5) and Q (degree 12) fitted by ``lab/fit_erf.py``. 1.56 ulp (<= 2),
   the same in AVX2 (haswell) code, measured on a Xeon (rocketlake).
@@ -185,12 +185,28 @@ def fast_tanh(x: tirx.PrimExpr) -> tirx.PrimExpr:
 
 
 def fast_sigmoid(x: tirx.PrimExpr) -> tirx.PrimExpr:
-    """1 / (1 + exp(-x)) for float32, <= 3 ulp (see the module docstring)."""
-    def body(x):
-        return _let(fast_exp(-tirx.abs(x)), lambda e: tirx.Select(
-            x < _f(0.0), e, _f(1.0)) / (_f(1.0) + e), "e")
+    """1 / (1 + exp(-x)) for float32, <= 3 ulp (see the module docstring).
 
-    return _let(x, body, "x")
+    ``exp(-x) = y * 2^k`` is not built: for ``x`` below -88.7 it overflows while the result
+    is still a subnormal worth keeping. With ``k = h + (k - h)``, ``h = k >> 1``, the sigmoid
+    is ``2^-h / (2^-h + y * 2^(k-h))``: both terms stay in range over the whole clamp, the
+    numerator is exact and one division rounds. It needs no ``|x|``, sign select or second
+    product, as ``e / (1 + e)`` with ``e = exp(-|x|)`` did: ``x * sigmoid(x)`` over 64K
+    elements in L2 ran 0.36 ns per element against 0.415 (znver4, 16 lanes, 1 thread). A
+    rational approximation (ONNX Runtime's, Eigen's) ran 0.29 but is only absolutely accurate
+    (1e-7): thousands of ulp in the negative tail, where SiLU's small outputs live."""
+    def body(x):
+        xc = tirx.Max(tirx.Min(-x, _f(-_EXP_LO)), _f(-_EXP_HI))
+        return _let(tirx.floor(xc * _f(_LOG2E) + _f(0.5)), lambda n: _let(
+            xc - n * _f(_LN2_HI) - n * _f(_LN2_LO), lambda r: _let(
+                tirx.Cast("int32", n), lambda k: _ratio(r, k), "k"), "r"), "n")
+
+    def _ratio(r, k):
+        y = _horner(r, _EXP_P) * r * r + r + _f(1.0)
+        return _let(tirx.shift_right(k, _i(1)), lambda h: _let(
+            _pow2(_i(0) - h), lambda p: p / (p + y * _pow2(k - h)), "p"), "h")
+
+    return _let(x, lambda v: _keep_nan(v, body(v)), "x")
 
 
 def fast_erf(x: tirx.PrimExpr) -> tirx.PrimExpr:
