@@ -198,3 +198,24 @@ def test_reference_and_check_see_a_wrong_kernel() -> None:
     with pytest.raises(AssertionError, match="scaled error"):
         check(program, Case("whole", "generic"), Draws.seeded(0),
               want=[np.maximum(inputs["x"], 0)])
+
+
+def test_an_output_that_cancels_to_zero_is_judged_against_the_inputs() -> None:
+    """Seed 9773 of the long profile: ``mean(mean(x)) - mean(x)`` in one kernel is 0.0 in
+    the reference and about 5e-8 under CostFuse (a fused multiply-add where the reference
+    rounds the product; inputs of magnitude 2.6). Relative to the output's own largest value,
+    0, that read as a scaled error of 5e22. Judged against 1% of the inputs' magnitude it
+    passes, and a result that is wrong by 1e-4 of the inputs still fails."""
+    draws = Draws.seeded(9773)
+    program = draw_program(draws)
+    case = draw_case(draws)
+    want = reference(program)
+    cancelled = [i for i, w in enumerate(want) if not np.abs(w).max()]
+    assert cancelled, "the program no longer has an output that cancels to zero"
+    if not runs_here(case.target):  # built only: this host lacks the case's ISA
+        case = Case(case.grouping, "generic", case.options)
+    assert check(program, case, draws, want=want) <= 1e-4
+    scale = max(float(np.abs(v).max()) for v in program.inputs.values())
+    wrong = [w + (1e-4 * scale if i == cancelled[0] else 0.0) for i, w in enumerate(want)]
+    with pytest.raises(AssertionError, match="scaled error"):
+        check(program, case, draws, want=wrong)

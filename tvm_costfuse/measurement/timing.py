@@ -200,12 +200,15 @@ def max_mismatch(
 SCALED_TOLERANCE = 1e-4
 
 
-def scaled_error(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| relative to the largest |want|: the outputs of deep random-weight
-    models are O(0.01)-O(1), and a per-element rtol would judge rounding noise near zero."""
+def scaled_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-30) -> float:
+    """max |got - want| relative to the largest |want|, or to ``floor`` where that is larger:
+    the outputs of deep random-weight models are O(0.01)-O(1), and a per-element rtol would
+    judge rounding noise near zero. ``floor`` is for outputs that cancel to (nearly) zero,
+    such as ``mean(mean(x)) - mean(x)``: against an exact 0 any other rounding (a fused
+    multiply-add where the reference rounds the product) is an infinite relative error."""
     if not want.size:
         return 0.0
-    return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30)
+    return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), floor)
 
 
 def geomean(values: Sequence[float]) -> float:
