@@ -3,8 +3,8 @@ our build beside ONNX Runtime's per-node times, both taken inside the whole mode
 
 Our kernels are timed around their VM calls (``vm.set_instrument``), ONNX Runtime's nodes by
 its own profiler (``SessionOptions.enable_profiling``). The two runs do not split the graph
-the same way (ORT fuses conv + activation, we fuse more), so rows are matched by output
-shape, in order: each of our kernels with the ORT nodes from the last match up to the first
+the same way (ORT fuses conv + activation; CostFuse fuses more, FuseOps' groups, ``--strategy
+tvm``, about as much), so rows are matched by output shape, in order: each of our kernels with the ORT nodes from the last match up to the first
 node whose output has the kernel's output shape. Prints the largest gaps first, e.g.::
 
     python lab/ort_layers.py mobilenet_v2 --threads 1 --top 20

@@ -186,7 +186,7 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
         # an odd plane would need a pad column, written by a second block, and a plane with
         # two writers cannot move into the channel loop: it keeps its rows (strided reads)
         if not depthwise.deinterleave_columns(sch, plane):
-            return None  # the odd column's pad is checked above: no odd plane reaches here
+            return None  # a layout TVM refused: the pair stays two kernels
         plane = sch.get_sblock(plane_name)
 
     # the depthwise tile, the channel loop split into blocks that run in parallel
@@ -231,7 +231,7 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     if deinterleaved:
         depthwise.order_parity_last(sch, plane)
     else:
-        depthwise._vectorize_last(sch, plane, lanes)  # whole vectors and a tail on a long row
+        depthwise.vectorize_last(sch, plane, lanes)  # whole vectors and a tail on a long row
     return _pointwise_tile(sch, pw, between, par, block, lanes, registers)
 
 

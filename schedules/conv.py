@@ -70,9 +70,9 @@ def _partial_vector(per_group: int, lanes: int) -> int:
     """Lanes of a channel vector when ``lanes`` does not divide the channels per group: half
     a vector where that divides them (24, 40, 72 or 120 channels in 8-lane vectors on
     AVX-512), which LLVM loads, stores and multiplies as one instruction; else the largest
-    divisor below a vector. The divisor alone gave 12 or 10 lanes, split 8 + 4 (+ 2) per
-    operation: 40 -> 40 3x3 at 56 x 56 ran 1.34 ms that way, 0.87 ms in 8 lanes (znver4,
-    1 thread; 24 -> 24 at 112 x 112: 1.68 -> 1.33 ms)."""
+    divisor below a vector. A 12- or 10-lane vector is split 8 + 4 (+ 2) per operation:
+    40 -> 40 3x3 at 56 x 56 ran 1.34 ms in 10 lanes, 0.87 ms in 8 (znver4, 1 thread; 24 -> 24
+    at 112 x 112: 1.68 ms in 12 lanes, 1.33 in 8; docs/log/2026-12-06b.md)."""
     half = math.gcd(per_group, 1 << (lanes.bit_length() - 1))
     return half if 2 * half >= lanes else largest_divisor(per_group, lanes)
 

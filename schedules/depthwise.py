@@ -18,7 +18,8 @@ and TVM's old x86 ``depthwise_conv2d`` kernels (NCHW), the output row is the vec
 - stride 2 stores the input plane deinterleaved, ``(.., H, 2, W / 2)`` (even columns, then
   odd; the legalized zero-pad writes it, or a copy of an unpadded input), so every window tap
   reads contiguous vectors: in NCHW a stride-2 row read is a gather of scalars per tap, 9 or
-  25 per output, where the deinterleaving copy scatters each input element once.
+  25 per output, where the deinterleaving copy moves each input element once, as whole
+  vectors split by shuffles (:func:`order_parity_last`).
 
 The padded (or deinterleaved) plane stays one streamed pass of its own. Computing it per
 channel inside the parallel loop measured slower or equal on 42 of the corpus's 44 depthwise
@@ -49,7 +50,8 @@ from .conv_shape import _coefficient
 from .gemm import _try
 from .gemm_tile import accumulator_budget
 
-__all__ = ["DepthwiseShape", "DepthwiseTile", "analyze", "choose_depthwise_tile", "schedule"]
+__all__ = ["DepthwiseShape", "DepthwiseTile", "analyze", "choose_depthwise_tile",
+           "deinterleave_columns", "order_parity_last", "schedule", "vectorize_last"]
 
 _log = logging.getLogger(__name__)
 
@@ -74,8 +76,8 @@ class DepthwiseShape:
 
 @dataclass(frozen=True)
 class DepthwiseTile:
-    """``height`` output rows by ``width`` output columns (``width`` a multiple of the vector
-    or the whole row) held in accumulators."""
+    """``height`` output rows by ``width`` output columns (whole or half vectors, the whole
+    row, or a divisor of it below a vector) held in accumulators."""
 
     height: int
     width: int
@@ -162,7 +164,8 @@ def choose_depthwise_tile(height: int, width: int, lanes: int, registers: int
     that way, 0.125 ms in half vectors (znver4, 1 thread).
 
     Rows: the largest divisor of ``height`` whose tile holds at most ``registers / 4`` vectors
-    (8 of AVX-512's 32). More rows share more input vectors between neighbouring rows, but the
+    (8 of AVX-512's 32), or where that is a single accumulator (a 7-row map on AVX2), the
+    smallest divisor above one that fits the register file. More rows share more input vectors between neighbouring rows, but the
     unrolled window keeps those vectors live too; past 8 accumulators the tile ran slower on
     every shape measured (14 rows of a 14-wide map: 0.089 ms against 0.062 with 7; 14 rows of
     56 as half vectors: 0.148 against 0.125; znver4, 1 thread).
@@ -175,9 +178,11 @@ def choose_depthwise_tile(height: int, width: int, lanes: int, registers: int
         pow2 = math.gcd(width, 1 << (lanes.bit_length() - 1))
         tw = pow2 if 2 * pow2 >= lanes else largest_divisor(width, lanes)
     vectors = -(-tw // lanes)
-    budget = min(accumulator_budget(registers) - 2, max(1, registers // 4))
-    th = max((d for d in range(1, height + 1) if height % d == 0 and d * vectors <= budget),
-             default=1)
+    budget = accumulator_budget(registers) - 2
+    rows = [d for d in range(1, height + 1) if height % d == 0 and d * vectors <= budget]
+    within = [d for d in rows if d * vectors <= registers // 4]
+    th = max(within) if within and max(within) * vectors > 1 else min(
+        (d for d in rows if d > 1), default=1)  # one accumulator: one dependent FMA chain
     return DepthwiseTile(th, tw, lanes)
 
 
@@ -186,7 +191,8 @@ def _deinterleaved_plane(sch: s_tir.Schedule, main, data) -> s_tir.SBlockRV | No
     which the contraction rule left materialized, else a copy of the input), its columns
     stored as ``(column % 2, column // 2)``: each window tap then reads even or odd columns
     as contiguous vectors. Returns it where its loops are left to :func:`order_parity_last`
-    (None: an odd row, scheduled as any other pass)."""
+    (None: an odd row, whose padded last column a second block writes, or a layout TVM
+    refused; either is scheduled as any other pass)."""
     plane = next((b for b in sch.get_producers(main)
                   if sch.get(b).writes[0].source.same_as(data.source)), None)
     if plane is None:
@@ -200,16 +206,16 @@ def deinterleave_columns(sch: s_tir.Schedule, plane) -> bool:
     has an even number of columns, iterate it in that order (its last two iter vars become
     the parity and the half-column; an odd count leaves a padded column no iteration writes).
     Returns whether it does."""
-    ndim = len(sch.get(plane).writes[0].source.shape)
+    shape = sch.get(plane).writes[0].source.shape
+    ndim, width = len(shape), int(shape[-1])
     split = tirx.IndexMap.from_func(
         lambda *idx: (*idx[:-1], idx[-1] % 2, idx[-1] // 2), ndim=ndim)
     sch.transform_layout(plane, ("write", 0), split, pad_value=0.0)
     iters = sch.get(plane).iter_vars
-    if int(iters[-1].dom.extent) % 2:
-        return False
-    sch.transform_block_layout(plane, tirx.IndexMap.from_func(
+    if int(iters[-1].dom.extent) != width or width % 2:
+        return False  # an odd row, or a block that no longer iterates the source columns
+    return _try(sch.transform_block_layout, plane, tirx.IndexMap.from_func(
         lambda *iv: (*iv[:-1], iv[-1] % 2, iv[-1] // 2), ndim=len(iters)))
-    return True
 
 
 def order_parity_last(sch: s_tir.Schedule, plane) -> list:
@@ -226,7 +232,7 @@ def order_parity_last(sch: s_tir.Schedule, plane) -> list:
     return loops[:-2]
 
 
-def _vectorize_last(sch: s_tir.Schedule, block, lanes: int) -> None:
+def vectorize_last(sch: s_tir.Schedule, block, lanes: int) -> None:
     """Vectorize ``block``'s innermost loop (whole vectors and a tail where it is long)."""
     loops = sch.get_loops(block)
     ext = int(sch.get(loops[-1]).extent)
@@ -270,11 +276,12 @@ def schedule(sch: s_tir.Schedule, name: str, shape: DepthwiseShape, target
         blk_loops = sch.get_loops(blk)[-2:]
         if int(sch.get(blk_loops[0]).extent) > 1:
             sch.unroll(blk_loops[0])
-        _vectorize_last(sch, blk, lanes)
+        vectorize_last(sch, blk, lanes)
     done = {sch.get(b).name_hint for b in (main, init, writeback)}
     if plane is not None:  # its own streamed pass
         outer = order_parity_last(sch, plane)
-        parallelize(sch, outer, math.prod(int(sch.get(lp).extent) for lp in outer))
+        elements = math.prod(int(d) for d in sch.get(plane).writes[0].source.shape)
+        parallelize(sch, outer, elements)  # the threshold is in elements
         done.add(sch.get(plane).name_hint)
     schedule_rest(sch, target, done)
     _log.debug("%s: depthwise %d x %d tile", name, tile.height, tile.width)

@@ -219,3 +219,16 @@ def test_an_output_that_cancels_to_zero_is_judged_against_the_inputs() -> None:
     wrong = [w + (1e-4 * scale if i == cancelled[0] else 0.0) for i, w in enumerate(want)]
     with pytest.raises(AssertionError, match="scaled error"):
         check(program, case, draws, want=wrong)
+
+
+def test_scaled_error_floor_and_nan() -> None:
+    """Host-independent: against an exact zero, rounding noise is judged against the floor;
+    a NaN on one side only is an infinite error (``max`` would have dropped it)."""
+    from tvm_costfuse.measurement.timing import scaled_error
+
+    noise, zero = np.array([5e-8, -3e-8]), np.zeros(2)
+    assert scaled_error(noise, zero) > 1e20
+    assert scaled_error(noise, zero, floor=0.026) < 1e-5
+    assert scaled_error(noise + 1e-3, zero, floor=0.026) > 1e-2
+    assert scaled_error(np.array([np.nan, 1.0]), np.array([0.0, 1.0])) == np.inf
+    assert scaled_error(np.array([np.nan, 1.0]), np.array([np.nan, 1.0])) == 0.0

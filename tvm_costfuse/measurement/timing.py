@@ -208,7 +208,11 @@ def scaled_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-30) -> flo
     multiply-add where the reference rounds the product) is an infinite relative error."""
     if not want.size:
         return 0.0
-    return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), floor)
+    lost = np.isnan(got) != np.isnan(want)
+    if lost.any():
+        return math.inf  # a NaN on one side only: max() would drop it
+    diff = np.abs(np.where(np.isnan(want), 0.0, got - want))
+    return float(diff.max()) / max(float(np.nanmax(np.abs(want), initial=0.0)), floor)
 
 
 def geomean(values: Sequence[float]) -> float:
