@@ -165,10 +165,11 @@ def choose_depthwise_tile(height: int, width: int, lanes: int, registers: int
 
     Rows: the largest divisor of ``height`` whose tile holds at most ``registers / 4`` vectors
     (8 of AVX-512's 32), or where that is a single accumulator (a 7-row map on AVX2), the
-    smallest divisor above one that fits the register file. More rows share more input vectors between neighbouring rows, but the
-    unrolled window keeps those vectors live too; past 8 accumulators the tile ran slower on
-    every shape measured (14 rows of a 14-wide map: 0.089 ms against 0.062 with 7; 14 rows of
-    56 as half vectors: 0.148 against 0.125; znver4, 1 thread).
+    smallest divisor above one that fits the register file. More rows share more input
+    vectors between neighbouring rows, but the unrolled window keeps those vectors live too;
+    past 8 accumulators the tile ran slower on every shape measured (14 rows of a 14-wide
+    map: 0.089 ms against 0.062 with 7; 14 rows of 56 as half vectors: 0.148 against 0.125;
+    znver4, 1 thread).
     """
     if width <= 2 * lanes:
         tw = width

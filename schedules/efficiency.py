@@ -22,9 +22,9 @@ A depthwise convolution (``depthwise.py``) has no tile search: its share is
 ``K / (K + K0) * E_DEPTHWISE[stride]``, its time the loads of each tap and, at stride 2, the
 deinterleaving copy (the geomean over the corpus's depthwise shapes of
 ``lab/depthwise_bench.py``, docs/log/2026-12-01b.md: stride 1 0.44, stride 2 0.14 on
-emeraldrapids, 3x3 and 5x5 within 1.4x of it; scaled by 1.12 for stride 1 and 1.91 for stride 2, the
-geomean speed-ups per stride of the half-vector tiles and the shuffled copy over the corpus's 38
-shapes on znver4, docs/log/2026-12-06b.md).
+emeraldrapids, 3x3 and 5x5 within 1.4x of it; scaled by 1.12 for stride 1 and 1.91 for
+stride 2, the geomean speed-ups per stride of the half-vector tiles and the shuffled copy
+over the corpus's 38 shapes on znver4, docs/log/2026-12-06b.md).
 
 Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
 docs/log/2026-12-01a.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in

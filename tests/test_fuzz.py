@@ -232,3 +232,4 @@ def test_scaled_error_floor_and_nan() -> None:
     assert scaled_error(noise + 1e-3, zero, floor=0.026) > 1e-2
     assert scaled_error(np.array([np.nan, 1.0]), np.array([0.0, 1.0])) == np.inf
     assert scaled_error(np.array([np.nan, 1.0]), np.array([np.nan, 1.0])) == 0.0
+    assert scaled_error(np.array([np.inf, 1.0]), np.array([np.inf, 1.0])) == 0.0

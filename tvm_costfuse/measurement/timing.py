@@ -208,10 +208,11 @@ def scaled_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-30) -> flo
     multiply-add where the reference rounds the product) is an infinite relative error."""
     if not want.size:
         return 0.0
-    lost = np.isnan(got) != np.isnan(want)
-    if lost.any():
+    if (np.isnan(got) != np.isnan(want)).any():
         return math.inf  # a NaN on one side only: max() would drop it
-    diff = np.abs(np.where(np.isnan(want), 0.0, got - want))
+    same = (got == want) | np.isnan(want)  # equal infinities and NaNs on both sides agree
+    with np.errstate(invalid="ignore"):  # inf - inf where ``same`` already holds
+        diff = np.where(same, 0.0, np.abs(got - want))
     return float(diff.max()) / max(float(np.nanmax(np.abs(want), initial=0.0)), floor)
 
 
