@@ -168,11 +168,12 @@ class Attention(SafeRule):
         chain = p_chain(sch, p_load.source, qk_name)
         if not chain or all(is_spatial(sch.get(sch.get_sblock(n))) for n in chain):
             return None  # no row reduction between: not a softmax feeding P V
-        if not all(reduces_last_axis(sch.get(sch.get_sblock(n))) for n in chain):
+        root = sch.mod["main"].body.block
+        local = list(root.alloc_buffers)
+        if not all(reduces_last_axis(sch.get(sch.get_sblock(n)), local) for n in chain):
             return None  # a reduction across rows (softmax over the queries): no row blocks
-        params = list(sch.mod["main"].params)
-        if any(w.source.same_as(o) for n in chain for w in sch.get(sch.get_sblock(n)).writes
-               for o in params):
+        if not all(any(w.source.same_as(b) for b in local)
+                   for n in chain for w in sch.get(sch.get_sblock(n)).writes):
             return None  # an intermediate is also an output: it would have to be stored
         if qk_name is not None:
             qk = sch.get(sch.get_sblock(qk_name))

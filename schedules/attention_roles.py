@@ -82,16 +82,21 @@ def last_index(sch, block_name: str, load, var) -> None:
     sch.transform_layout(producer, ("write", 0), mapping)
 
 
-def reduces_last_axis(block: s_tir.SBlock) -> bool:
-    """Whether a block's reduction vars index only the last axis of what it reads (a row
-    reduction over the keys; a spatial block trivially)."""
+def reduces_last_axis(block: s_tir.SBlock, intermediates) -> bool:
+    """Whether a block's reduction vars index only the last axis of the ``intermediates``
+    (buffers the function allocates) it reads: a row reduction over the keys; a spatial block
+    trivially. Loads of the function's inputs are not judged: an input read transposed (DeBERTa's
+    position-to-content scores, ``bias[h, key, row]``) is still read per row block, and a
+    reduction that really runs across rows is caught when the block is computed per row
+    block (its region there spans every row)."""
     reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     if not reduce:
         return True
     loads = []
     tvm_ffi.structural_walk(block.body, (tvm.ir.expr.TensorLoad, loads.append))
-    return all(not uses(index, var) for load in loads for index in load.indices[:-1]
-               for var in reduce)
+    return all(not uses(index, var) for load in loads
+               if any(load.source.same_as(b) for b in intermediates)
+               for index in load.indices[:-1] for var in reduce)
 
 
 def p_chain(sch, p_buffer, first: str | None):

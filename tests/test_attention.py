@@ -37,6 +37,8 @@ def _numpy(inputs: dict, form: str) -> np.ndarray:
     sc = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
     if form == "masked":
         sc = sc + inputs["mask"]
+    elif form == "transposed_bias":
+        sc = sc + np.swapaxes(inputs["bias"], -1, -2)
     elif form == "causal":
         sc = np.where(np.tril(np.ones(sc.shape[-2:], bool)), sc, -1e4)
     sc = np.exp(sc - sc.max(-1, keepdims=True))
@@ -62,6 +64,8 @@ def _loops(func) -> list[tirx.For]:
     ((1, 2, 197, 32), "causal"),  # ViT's 197 tokens: ragged row blocks and key vectors
     ((1, 2, 128, 64), "plain"),  # BERT's 128 tokens and head dim, 2 of its 12 heads
     ((1, 1, 3, 8), "causal"),  # rows and head dim below one register tile
+    ((1, 2, 128, 64), "transposed_bias"),  # DeBERTa: a bias read [key, row] by the softmax
+    ((1, 2, 37, 16), "transposed_bias"),  # the same, ragged rows and keys
 ])
 def test_fused_kernel_matches_the_unfused_program(shape, form) -> None:
     mod, inputs = _program(*shape, form)
@@ -185,6 +189,31 @@ def test_softmax_over_the_rows_is_no_attention() -> None:
     group = kernels(mod)
     assert not group_features(build_graph(mod), group).attention
     assert _scheduled(fused_kernel(mod, group), AVX2) is None
+
+
+def test_softmax_of_input_scores_over_the_rows_is_declined() -> None:
+    """The scores an input, normalized over the query axis: the softmax reads the input with
+    its reduction var on the rows (inputs are not judged by their layout, since a bias read
+    transposed is fine); per row block it would need every row, so the rule declines."""
+    bb = relax.BlockBuilder()
+    s = relax.Var("s", relax.TensorType((1, 2, 8, 16), F32))
+    v = relax.Var("v", relax.TensorType((1, 2, 16, 16), F32))
+    with bb.function("main", [s, v]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.nn.softmax(s, axis=-2))
+            out = bb.emit_output(relax.op.matmul(p, v))
+        bb.emit_func_output(out)
+    mod = prepare(bb.get())
+    group = kernels(mod)
+    assert not group_features(build_graph(mod), group).attention
+    assert _scheduled(fused_kernel(mod, group), AVX512) is None
+
+
+def test_transposed_bias_is_attention_for_features_and_rule() -> None:
+    mod, _ = _program(1, 2, 64, 32, "transposed_bias")
+    group = kernels(mod)
+    assert group_features(build_graph(mod), group).attention
+    assert _scheduled(fused_kernel(mod, group), AVX512) is not None
 
 
 def test_two_matmuls_without_a_softmax_are_no_attention() -> None:

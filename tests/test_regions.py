@@ -12,7 +12,8 @@ from tvm_costfuse import models
 from tvm_costfuse.config import FusionConfig
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.partition import fuseops_groups
-from tvm_costfuse.planner import Pricer, plan_cost
+from tvm_costfuse.planner import plan_cost
+from tvm_costfuse.pricer import Pricer
 from tvm_costfuse.regions import cheaper_by_region, differing_regions
 from tvm_costfuse.targets import host, preset
 from tvm_costfuse.transform import plan_module

@@ -10,9 +10,12 @@ Stages, in the order a module flows through them:
                     (what to compile for and what to price with).
 - ``cost``       -- group features, the analytical, learned and measured cost models.
 - ``legality``   -- ``can_fuse``: may a group share a kernel under the config's caps.
-- ``planner``    -- greedy priority fusion (and exact search on small graphs) over the model;
-                    ``quotient`` is the graph of its groups, kept acyclic (each group convex);
-                    ``regions`` takes FuseOps' grouping where it is predicted cheaper.
+- ``planner``    -- greedy priority fusion (and exact search on small graphs) over the model
+                    (``pricer`` memoizes its questions); ``quotient`` is the graph of its
+                    groups, kept acyclic (each group convex); ``regions`` takes FuseOps'
+                    grouping where it is predicted cheaper; ``rule_check`` builds the plan's
+                    kernels and hands them to the rules: one that runs as another kernel
+                    than priced is priced again as what runs.
 - ``partition``  -- ``apply_partition``: any legal grouping -> FuseOps-style grouped functions
                     (the rewrite itself in ``fusor``).
 - ``transform``  -- the ``CostFuse`` pass in FuseOps' place; ``config`` holds its knobs.

@@ -193,6 +193,8 @@ class Fusor(PyExprMutator):
         self.group_of = {by_name[name].var: gi for gi, g in enumerate(groups) for name in g}
         self.bound = frozenset(b.var for blk in mod[func_name].body.blocks for b in blk.bindings)
         self.n_groups = len(groups)
+        #: group index -> the GlobalVar of its grouped function (FuseTIR keeps the name)
+        self.functions: dict[int, tvm.ir.GlobalVar] = {}
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock):
         def gkey(var):
@@ -226,7 +228,7 @@ class Fusor(PyExprMutator):
             info = funcs[gi]
             if info.function is None or not b.same_as(info.bindings[-1]):
                 continue
-            gvar = self.builder_.add_func(info.function, info.name)
+            gvar = self.functions[gi] = self.builder_.add_func(info.function, info.name)
             call = relax.Call(gvar, [self.visit_expr(a) for a in info.arguments])
             if isinstance(b.var, relax.DataflowVar):
                 result = self.builder_.emit(call)

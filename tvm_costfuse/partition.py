@@ -183,13 +183,22 @@ def apply_partition(
     -------
     A new module in which ``FuseTIR`` turns every group into one PrimFunc.
     """
+    return partition_named(mod, groups, func_name)[0]
+
+
+def partition_named(mod: tvm.IRModule, groups: Sequence[Sequence[str]],
+                    func_name: str = "main") -> tuple[tvm.IRModule, dict[str, str]]:
+    """:func:`apply_partition` and, per fused binding, the name of its group's function (the
+    name of the PrimFunc FuseTIR makes of it; groups whose functions are equal share one)."""
     graph = build_graph(mod, func_name)
     fused = resolve_groups(graph, groups)
     fusor = Fusor(mod, fused, func_name)
     gvar = mod.get_global_var(func_name)
     new_func = fusor.visit_expr(mod[func_name])
     fusor.builder_.update_func(gvar, new_func)
-    return fusor.builder_.get()
+    return fusor.builder_.get(), {name: fusor.functions[i].name_hint
+                                  for i, group in enumerate(fused) if i in fusor.functions
+                                  for name in group}  # a dead group makes no function
 
 
 def apply_per_function(

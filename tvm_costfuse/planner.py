@@ -11,20 +11,20 @@ deterministic: ties break on binding order.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
-import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .cost.analytical import Estimate, estimate, one_footing
-from .cost.extract import group_features
-from .cost.features import GroupFeatures
+from .cost.analytical import Estimate, one_footing
 from .graph import OpGraph
-from .legality import Verdict, can_fuse
+from .pricer import Model, Pricer
 from .quotient import Quotient
 from .schedules.catalog import target_kind
+
+if TYPE_CHECKING:
+    from .rule_check import Mismatch
 
 # Siblings are paired only among the first few readers of a tensor: k readers give k^2 pairs.
 _MAX_SIBLINGS = 8
@@ -34,10 +34,6 @@ _MAX_SIBLINGS = 8
 # (unmeasured: no GPU here; not taken).
 _MAX_VIEWS = 4
 
-Model = Callable[..., Estimate]
-# A GroupFeatures' fields as one tuple, hashed and compared in C (the dataclass's own
-# __hash__ and __eq__ build that tuple in Python on every lookup).
-_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(GroupFeatures)))
 
 
 @dataclass(frozen=True)
@@ -61,6 +57,9 @@ class FusionPlan:
     decisions: tuple[Decision, ...] = ()
     left_to_fuseops: tuple[tuple[str, ...], ...] = ()
     notes: tuple[str, ...] = ()
+    #: groups a search formed whose kernel the rule of their card declined, with what ran
+    #: (``rule_check``); the plan was searched again with them priced as that
+    mismatched: tuple[tuple[tuple[str, ...], str], ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -68,50 +67,6 @@ class FusionPlan:
 
     def kernels(self) -> int:
         return len(self.estimates)
-
-
-class Pricer:
-    """Cost-model queries, memoized per group (the planner asks about the same sets often).
-
-    ``estimate`` is all a candidate's place in the queue needs; the verdict is asked only of
-    the candidates the queue yields (about a third of those priced). The analytical model is
-    a function of the features alone, so identical features (repeated layers, the same op
-    kinds in a synthetic graph: 60% of the groups a 10k-op random DAG prices) are estimated
-    once; other models count their queries, and are asked each time.
-    """
-
-    def __init__(self, graph: OpGraph, target, config, model: Model | None) -> None:
-        self.graph, self.target, self.config = graph, target, config
-        self.model = model or estimate
-        self.features: dict[frozenset, GroupFeatures] = {}
-        self.estimates: dict[frozenset, Estimate] = {}
-        self.by_features: dict[tuple, Estimate] | None = {} if self.model is estimate else None
-        self.verdicts: dict[frozenset, Verdict] = {}
-
-    def estimate(self, members: frozenset) -> Estimate:
-        est = self.estimates.get(members)
-        if est is None:
-            f = self.features[members] = group_features(self.graph, members)
-            memo = self.by_features
-            key = _FIELDS(f) if memo is not None else None  # what GroupFeatures' == compares
-            est = memo.get(key) if memo is not None else None
-            if est is None:
-                est = self.model(f, self.target, self.config.register_budget)
-                if memo is not None:
-                    memo[key] = est
-            self.estimates[members] = est
-        return est
-
-    def verdict(self, members: frozenset) -> Verdict:
-        verdict = self.verdicts.get(members)
-        if verdict is None:
-            self.estimate(members)
-            verdict = self.verdicts[members] = can_fuse(
-                self.graph, members, self.features[members], self.config, self.target)
-        return verdict
-
-    def __call__(self, members: frozenset) -> tuple[Estimate, Verdict]:
-        return self.estimate(members), self.verdict(members)
 
 
 def initial_units(graph: OpGraph, frozen: Iterable[Iterable[str]] = ()) -> list[frozenset]:
@@ -170,10 +125,12 @@ def plan_greedy(
     config,
     model: Model | None = None,
     frozen: Iterable[Iterable[str]] = (),
+    mismatched: Mapping[frozenset, Mismatch] | None = None,
 ) -> FusionPlan:
     """Greedy priority fusion. ``frozen`` groups are fixed units the planner never merges
-    (regions left to FuseOps)."""
-    price = Pricer(graph, target, config, model)
+    (regions left to FuseOps); ``mismatched`` groups are priced as the kernel that runs
+    (:class:`Pricer`)."""
+    price = Pricer(graph, target, config, model, mismatched)
     frozen_units = [frozenset(g) for g in frozen]
     q = Quotient(graph, initial_units(graph, frozen_units))
     if len(q.rank) != len(q.members):
@@ -325,7 +282,8 @@ def _regions(size: list[int], max_units: int) -> list[list[int]]:
 
 
 def plan_exact(graph: OpGraph, target, config, model: Model | None = None,
-               max_units: int = 9, frozen: Iterable[Iterable[str]] = ()) -> FusionPlan:
+               max_units: int = 9, frozen: Iterable[Iterable[str]] = (),
+               mismatched: Mapping[frozenset, Mismatch] | None = None) -> FusionPlan:
     """The cheapest legal partition, by enumerating set partitions of the units (Bell(9) =
     21,147 for 9 units).
 
@@ -334,16 +292,18 @@ def plan_exact(graph: OpGraph, target, config, model: Model | None = None,
     the rest fixed (greedy's own grouping of a region is one of the partitions enumerated, so
     the plan is never predicted slower than greedy's). Greedy groups bigger than a region stay
     as greedy made them; the plan's notes say how much was searched exactly. ``frozen``
-    groups are fixed units (regions left to FuseOps).
+    groups are fixed units (regions left to FuseOps); ``mismatched`` groups are priced as the
+    kernel that runs.
     """
-    price = Pricer(graph, target, config, model)
+    price = Pricer(graph, target, config, model, mismatched)
     frozen_units = [frozenset(g) for g in frozen]
     units = [u for u in initial_units(graph, frozen_units) if u not in frozen_units]
     notes: tuple[str, ...] = ()
     if len(units) <= max_units:
         parts = _exact_partition(graph, price, units, frozen_units)
     else:
-        greedy = plan_greedy(graph, target, config, model, frozen=frozen_units)
+        greedy = plan_greedy(graph, target, config, model, frozen=frozen_units,
+                             mismatched=mismatched)
         unit_of = {n: u for u in units for n in u}
         fixed = set(frozen_units)
         groups = sorted((frozenset(k) for k in greedy.estimates if frozenset(k) not in fixed),

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 
 from .cost.analytical import one_footing
 from .graph import OpGraph
-from .planner import Pricer, initial_units
+from .planner import initial_units
+from .pricer import Pricer
 from .quotient import Quotient
 
 Units = list[frozenset]

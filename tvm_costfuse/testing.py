@@ -68,9 +68,10 @@ def branchy_dag(n: int, seed: int = 0) -> OpGraph:
 def attention_program(b: int, h: int, s: int, d: int, form: str = "plain",
                       softmax_axis: int = -1, probs_out: bool = False,
                       rows: int | None = None):
-    """``softmax(Q K^T / sqrt(d) [+ mask | causal where]) V`` on (b, h, s, d) tensors, as the
-    importers emit it (K^T a transpose feeding the scores), prepared for fusion; with its
-    inputs. ``rows``: fewer queries than keys; ``probs_out``: the probabilities returned too
+    """``softmax(Q K^T / sqrt(d) [+ mask | causal where | + B^T]) V`` on (b, h, s, d) tensors,
+    as the importers emit it (K^T a transpose feeding the scores), prepared for fusion; with
+    its inputs. ``form="transposed_bias"`` adds a (b, h, keys, rows) input transposed, as
+    DeBERTa adds its position-to-content scores. ``rows``: fewer queries than keys; ``probs_out``: the probabilities returned too
     (``tests/test_attention.py``, ``scripts/bench_attention.py``)."""
     import math
 
@@ -93,12 +94,19 @@ def attention_program(b: int, h: int, s: int, d: int, form: str = "plain",
         params.append(mask)
         keep = np.arange(s) < s - s // 3
         inputs["mask"] = np.broadcast_to(np.where(keep, 0.0, -1e4), (b, 1, 1, s)).astype(F32)
+    elif form == "transposed_bias":
+        bias = relax.Var("bias", relax.TensorType((b, h, s, rows), F32))
+        params.append(bias)
+        inputs["bias"] = rng.standard_normal((b, h, s, rows)).astype(F32)
     with bb.function("main", params):
         with bb.dataflow():
             sc = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
             sc = bb.emit(relax.op.multiply(sc, relax.const(1 / math.sqrt(d), F32)))
             if form == "masked":
                 sc = bb.emit(relax.op.add(sc, mask))
+            elif form == "transposed_bias":
+                sc = bb.emit(relax.op.add(sc, bb.emit(relax.op.permute_dims(bias,
+                                                                            [0, 1, 3, 2]))))
             elif form == "causal":  # GPT-2: keep the lower triangle, else a large negative
                 tri = relax.const(np.tril(np.ones((rows, s), bool))[None, None])
                 sc = bb.emit(relax.op.where(tri, sc, relax.const(-1e4, F32)))

@@ -9,6 +9,8 @@ model, and applies the plan with ``apply_partition``. Bindings whose cost it can
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import tvm
@@ -18,8 +20,10 @@ from .cost.learned import load_learned
 from .cost.measured import load_measured
 from .graph import build_graph
 from .partition import apply_per_function, fuseops_groups
-from .planner import FusionPlan, Pricer, plan_exact, plan_greedy
+from .planner import FusionPlan, plan_exact, plan_greedy
+from .pricer import Pricer
 from .regions import cheaper_by_region
+from .rule_check import Mismatch, mismatched_groups
 from .targets import CUDA, Target, TargetDesc, preset, preset_names, resolve
 
 
@@ -32,10 +36,20 @@ def _unmodelled(graph) -> set[str]:
     }
 
 
+#: Searches after the first one, each with the groups found so far priced as what runs.
+RULE_CHECK_ROUNDS = 3
+
+
 def plan_module(
-    mod: tvm.IRModule, target: TargetDesc, config: FusionConfig, func_name: str = "main"
+    mod: tvm.IRModule, target: TargetDesc, config: FusionConfig, func_name: str = "main",
+    compile_target: tvm.target.Target | None = None,
 ) -> FusionPlan:
-    """Plan fusion for ``mod[func_name]`` (a module after ``pipelines.prepare``)."""
+    """Plan fusion for ``mod[func_name]`` (a module after ``pipelines.prepare``).
+
+    Each fused group's kernel must be taken by the rule of the card that priced it
+    (``rule_check``, on ``compile_target``: by default the current target, else the one
+    ``target`` describes). A group another rule takes is priced as that rule's card (one no
+    rule takes is illegal) and the plan searched again; the notes say how many."""
     graph = build_graph(mod, func_name)
     skip = _unmodelled(graph)
     frozen = []
@@ -46,30 +60,68 @@ def plan_module(
         model = load_learned(target)
     elif config.cost_model == "measured":
         model = load_measured(target)
-    if config.search == "exact":
-        plan = plan_exact(graph, target, config, model, frozen=frozen)
-    else:
-        plan = plan_greedy(graph, target, config, model, frozen=frozen)
-    plan = _no_worse_than_fuseops(mod, func_name, graph, plan, target, config, model, frozen)
+    compile_target = compile_target or tvm.target.Target.current() or target.tvm_target()
+    mismatched: dict[frozenset, Mismatch] = {}
+    checked: set[frozenset] = set()
+    for _ in range(1 + RULE_CHECK_ROUNDS):
+        plan = _search(mod, func_name, graph, target, config, model, frozen, mismatched)
+        found = mismatched_groups(mod, func_name, graph, plan.groups, compile_target, checked)
+        if not found:
+            break
+        mismatched.update(found)
+    if found:  # still mismatched: priced as what runs, and FuseOps' grouping where cheaper
+        plan = _no_worse_than_fuseops(mod, func_name, graph, plan, target, config, model,
+                                      frozen, mismatched)
+        found = mismatched_groups(mod, func_name, graph, plan.groups, compile_target, checked)
+    notes = []
+    if mismatched:
+        unscheduled = sum(m.card is None for m in mismatched.values())
+        notes.append(f"{len(mismatched)} group(s) the search formed run as another kernel "
+                     f"than their card priced; searched again with them priced as what runs"
+                     + (f" ({unscheduled} that no rule schedules not formed)"
+                        if unscheduled else ""))
+    if found:
+        notes.append(f"{len(found)} group(s) of the plan still run as another kernel than "
+                     f"priced after {RULE_CHECK_ROUNDS} searches: "
+                     + "; ".join(f"{_span(graph, g)}: {m.why}" for g, m in found.items()))
     if frozen:
-        note = (f"{len(skip)} bindings with symbolic shapes left to FuseOps "
-                f"({len(frozen)} of its groups kept as they are)")
-        plan = FusionPlan(plan.groups, plan.estimates, plan.decisions, tuple(map(tuple, frozen)),
-                          plan.notes + (note,))
+        notes.append(f"{len(skip)} bindings with symbolic shapes left to FuseOps "
+                     f"({len(frozen)} of its groups kept as they are)")
+    if notes:
+        plan = dataclasses.replace(
+            plan, left_to_fuseops=tuple(map(tuple, frozen)), notes=plan.notes + tuple(notes),
+            mismatched=tuple((tuple(sorted(g, key=lambda n: graph[n].index)), m.why)
+                             for g, m in mismatched.items()))
     return plan
 
 
-def _no_worse_than_fuseops(mod, func_name, graph, plan, target, config, model, frozen):
+def _span(graph, members) -> str:
+    names = sorted(members, key=lambda n: graph[n].index)
+    return names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
+
+
+def _search(mod, func_name, graph, target, config, model, frozen, mismatched) -> FusionPlan:
+    """The planner's search, then FuseOps' grouping where that is predicted cheaper."""
+    search = plan_exact if config.search == "exact" else plan_greedy
+    plan = search(graph, target, config, model, frozen=frozen, mismatched=mismatched)
+    return _no_worse_than_fuseops(mod, func_name, graph, plan, target, config, model, frozen,
+                                  mismatched)
+
+
+def _no_worse_than_fuseops(mod, func_name, graph, plan, target, config, model, frozen,
+                           mismatched):
     """``plan`` with each region where FuseOps' grouping is predicted cheaper (and legal,
     and convex with the rest) taken from FuseOps (``regions``); a note says how many."""
-    price = Pricer(graph, target, config, model)
+    price = Pricer(graph, target, config, model, mismatched)
     units, swapped, saved = cheaper_by_region(graph, price, plan.groups,
                                               fuseops_groups(mod, func_name), frozen)
     if not swapped:
         return plan
     estimates = {tuple(sorted(u, key=lambda n: graph[n].index)): price(u)[0] for u in units}
     note = (f"{swapped} region(s) take FuseOps' grouping, predicted {saved * 1e6:.2f} us "
-            "cheaper than the search's")
+            "cheaper than the search's" if math.isfinite(saved) else
+            f"{swapped} region(s) take FuseOps' grouping, some in place of groups no rule "
+            "schedules")
     return FusionPlan(tuple(k for k in estimates if len(k) > 1), estimates, plan.decisions,
                       plan.left_to_fuseops, plan.notes + (note,))
 

@@ -118,7 +118,8 @@ def explain(
     dict
         ``model``, ``target``, ``config``; ``groups`` (one per kernel: ops, ``predicted_s``,
         ``breakdown``, ``registers``, ``spill_bytes``, ``schedule``); ``decisions``;
-        ``left_to_fuseops`` and ``notes``; ``folded`` (weight-only work folded before
+        ``left_to_fuseops`` and ``notes``; ``mismatched`` (groups a search formed that run as
+        another kernel than their card priced, and what runs: ``rule_check``); ``folded`` (weight-only work folded before
         planning, one line per rewritten binding); ``totals`` for ``costfuse``, ``fuseops``,
         ``rules`` and ``none``.
     """
@@ -171,6 +172,7 @@ def explain(
         "decisions": decisions,
         "left_to_fuseops": [list(g) for g in plan.left_to_fuseops],
         "notes": list(plan.notes),
+        "mismatched": [[list(g), why] for g, why in plan.mismatched],
         "folded": [str(f) for f in folds],
         "totals": {k: _totals(graph, desc, cfg, g) for k, g in partitions.items()},
         "partitions": partitions,

@@ -50,7 +50,8 @@ from ..measurement.timing import (
 )
 from ..partition import ApplyPartition, fuseops_groups
 from ..pipelines import prepare
-from ..planner import Pricer, initial_units
+from ..planner import initial_units
+from ..pricer import Pricer
 from ..quotient import Quotient
 from ..regions import differing_regions
 from ..strategies import strategy_pipeline
