@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tvm_costfuse.schedules.math_calls import NESTED_CALL_FACTOR
 
-from tvm_costfuse import FusionConfig, build_graph, plan_greedy, planner
+from tvm_costfuse import FusionConfig, build_graph, plan_greedy, pricer
 from tvm_costfuse.cost.extract import group_features
 from tvm_costfuse.cost.features import (
     GroupFeatures,
@@ -221,7 +221,7 @@ def _priced_groups(monkeypatch, graph, target: str) -> list[frozenset]:
         asked.append(frozenset(members))
         return group_features(g, members)
 
-    monkeypatch.setattr(planner, "group_features", recording)
+    monkeypatch.setattr(pricer, "group_features", recording)
     plan_greedy(graph, preset(target), FusionConfig())
     monkeypatch.undo()
     return asked
