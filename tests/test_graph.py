@@ -147,3 +147,44 @@ def test_prim_func_whose_root_block_is_not_named_root() -> None:
     node = next(n for n in graph.nodes if n.prim_func == "cumsum")
     assert node.pattern == OpPattern.OPAQUE and not node.fusable
     assert node.reduction_extent == 1 and node.math == 0
+
+
+def _pooling_graph():
+    from tvm import relax
+
+    from tvm_costfuse.pipelines import prepare
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 14, 14), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 8, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            avg = bb.emit(relax.op.nn.avg_pool2d(x, (2, 2), (2, 2)))  # tiles: no overlap
+            mx = bb.emit(relax.op.nn.max_pool2d(x, (3, 3), (1, 1), (1, 1)))  # same size
+            conv = bb.emit(relax.op.nn.conv2d(mx, w, padding=(1, 1)))
+            mean = bb.emit(relax.op.nn.adaptive_avg_pool2d(conv, (1, 1)))
+            out = bb.emit_output(relax.op.add(mean, relax.op.mean(avg, axis=[2, 3],
+                                                                   keepdims=True)))
+        bb.emit_func_output(out)
+    return build_graph(prepare(bb.get()))
+
+
+def test_pooling_windows_are_read_off_the_prim_func() -> None:
+    """Average and max pools, overlapping or not, are pooling windows: reductions, never
+    contractions (an average pool's window sum and padding checks count as much FLOPs as a
+    multiply-add). A convolution reads a window too but multiplies two loaded values; a
+    global (adaptive) average pool and a mean reduce whole axes."""
+    from tvm_costfuse.cost.features import _is_window, op_class
+
+    graph = _pooling_graph()
+    by_kind = {}
+    for n in graph.nodes:
+        if n.kind == "call_tir":
+            by_kind.setdefault(n.prim_func.rstrip("0123456789"), []).append(n)
+    (avg,), (mx,), (conv,) = by_kind["avg_pool2d"], by_kind["max_pool2d"], by_kind["conv2d"]
+    assert avg.pool and mx.pool and not conv.pool
+    assert by_kind["adaptive_avg_pool2d"] and by_kind["mean"]
+    assert not any(n.pool for n in by_kind["adaptive_avg_pool2d"] + by_kind["mean"])
+    assert op_class(avg) == op_class(mx) == "reduction"
+    assert op_class(conv) == "contraction" and conv.geometry is not None
+    assert _is_window(avg) and _is_window(mx)  # the 2x2 tiles and the same-size 3x3 too

@@ -91,6 +91,9 @@ class Node:
     # A contraction's block as the CPU rule sees it (``schedules.efficiency.describe``): what
     # the cost model reads the kernel's share of the FMA peak from. None for other ops.
     geometry: Geometry | None = None
+    # A pooling window (:func:`_is_pool`): a reduction over a window that slides or tiles
+    # along a spatial axis, with no product of two loaded values (max or average pooling).
+    pool: bool = False
 
     @property
     def fusable(self) -> bool:
@@ -150,10 +153,43 @@ def _nbytes(infos) -> int:
 _CALL = re.compile(r"\bT\.([a-z0-9_]+)\(")
 
 
-def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
+def _is_pool(block) -> bool:
+    """A reduction block that reads a window: some index combines a reduced var with a
+    spatial one of extent above 1 (``y * 2 + ry``), and no product of two loaded values is
+    accumulated (a convolution's is). A row reduction indexes its reduced vars alone, a
+    global (adaptive) pooling with spatial vars of extent 1."""
+    reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0
+               and not (isinstance(iv.dom.extent, tvm.tirx.IntImm) and int(iv.dom.extent) == 1)]
+    if not reduce or not spatial:
+        return False
+    loads: list = []
+    tvm_ffi.structural_walk(block.body, (tvm.ir.expr.TensorLoad, loads.append))
+
+    def uses(expr, var) -> bool:
+        found = []
+        tvm_ffi.structural_walk(expr, (tvm.tirx.Var, lambda v: found.append(v.same_as(var))))
+        return any(found)
+
+    windowed = any(uses(i, r) and any(uses(i, v) for v in spatial)
+                   for ld in loads for i in ld.indices for r in reduce)
+    if not windowed:
+        return False
+    products = []
+    tvm_ffi.structural_walk(block.body, (tvm.tirx.Mul, lambda m: products.append(m)))
+    return not any(_reads(m.a) and _reads(m.b) for m in products)
+
+
+def _reads(expr) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tvm.ir.expr.TensorLoad, found.append))
+    return bool(found)
+
+
+def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool]:
     """(largest product of reduction-axis extents over the PrimFunc's blocks, 1 if none; math
     work per invocation in exp-equivalents: each block's weighted calls times its
-    iterations).
+    iterations; whether a block is a pooling window, :func:`_is_pool`).
 
     Limits: a block's iterations are the product of its iteration-variable extents, so a loop
     written inside a block body (hand-written, opaque blocks) or a nested block counts once
@@ -161,8 +197,8 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
     a constant 2, 3 or 4 is free: ``fast_math`` makes it multiplies. A kernel written as
     plain loops (no blocks) has no reduction the graph can see: (1, 0.0)."""
     if not isinstance(func.body, s_tir.SBlockRealize):
-        return 1, 0.0
-    best, calls = 1, 0.0
+        return 1, 0.0, False
+    best, calls, pool = 1, 0.0, False
     # Every block below the body's (root) block, read from the IR: names need not be unique
     # in hand-written TIR (an inner block may be called "root" too), so no lookup by name.
     root = func.body.block
@@ -179,7 +215,8 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float]:
         per_iter = sum(MATH_COST.get(name, 0.0) for name in _CALL.findall(str(block.body)))
         per_iter -= MATH_COST["pow"] * _integer_powers(block.body)
         calls += per_iter * iterations
-    return best, calls
+        pool = pool or _is_pool(block)
+    return best, calls, pool
 
 
 def _integer_powers(body) -> int:
@@ -191,21 +228,21 @@ def _integer_powers(body) -> int:
 
 
 def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, float,
-                                                       tuple | None]:
-    """(pattern, FLOPs, reduction extent, math work in exp-equivalents, contraction geometry)
-    of one PrimFunc. The geometry is read only where a reduction does at least one
+                                                       tuple | None, bool]:
+    """(pattern, FLOPs, reduction extent, math work in exp-equivalents, contraction geometry,
+    pooling window) of one PrimFunc. The geometry is read only where a reduction does at least one
     multiply-add per reduced element (the contraction test of ``cost.features.op_class``)."""
     func = mod[gvar]
     attrs = func.attrs or {}
     pattern = OpPattern(int(attrs["op_pattern"])) if "op_pattern" in attrs else OpPattern.OPAQUE
     flops = float(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
-    red, math_work = _block_facts(func)
+    red, math_work, pool = _block_facts(func)
     out = sum(math.prod(int(s) for s in buf.shape) if all(
         isinstance(s, tvm.tirx.IntImm) for s in buf.shape) else 0
         for buf in list(func.params)[-1:])
     geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
-        else None
-    return pattern, flops, red, math_work, geometry
+        and not pool else None
+    return pattern, flops, red, math_work, geometry, pool
 
 
 def _has_reshape_pattern(func: tvm.tirx.PrimFunc) -> bool:
@@ -321,7 +358,8 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 and isinstance(value, relax.Call)
                 and value.op.same_as(_CALL_TIR)
             ):
-                pattern, flops, red, math, geometry = _prim_func_facts(mod, value.args[0])
+                pattern, flops, red, math, geometry, pool = _prim_func_facts(mod,
+                                                                             value.args[0])
                 why = (
                     f"its PrimFunc {value.args[0].name_hint!r} is opaque (op_pattern 8)"
                     if pattern == OpPattern.OPAQUE
@@ -332,7 +370,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
                             tuple(inputs), outputs, tuple(sizes), flops, in_bytes,
                             _nbytes(outputs), red, why, block_index, view, reshape_like,
-                            math, geometry)
+                            math, geometry, pool)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,

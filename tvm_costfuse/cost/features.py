@@ -38,6 +38,8 @@ def op_class(node: Node) -> str:
     if node.kind != "call_tir":
         return "injective"  # TupleGetItem: no work of its own
     out = max((t.nbytes or 0) // max(1, _itemsize(t.dtype)) for t in node.outputs) or 1
+    if node.pool:  # an average pool's window sum and padding checks count as a multiply-add
+        return "reduction"
     if node.reduction_extent > 1 and node.flops >= _MAC_RATIO * out * node.reduction_extent:
         return "contraction"
     if node.reduction_extent > 1 or node.pattern == OpPattern.COMM_REDUCE:
@@ -54,8 +56,11 @@ def _itemsize(dtype: str) -> int:
 
 
 def _is_window(node: Node) -> bool:
-    """A reduction that shrinks its input but reads it more than once (overlapping pooling
-    windows); normalizations (softmax, layer norm) keep the input's shape and are not."""
+    """A pooling window (``Node.pool``: read off the PrimFunc), or a reduction that shrinks
+    its input but reads it more than once (overlapping windows, for graphs without
+    PrimFuncs); normalizations (softmax, layer norm) keep the input's shape and are not."""
+    if node.pool:
+        return True
     itemsize = _itemsize(node.outputs[0].dtype) if node.outputs else 4
     biggest_input = max(1, max(node.input_bytes, default=0) // itemsize)
     out = _elems(node)
@@ -176,7 +181,9 @@ class GroupFeatures:
             if self.window_reductions and self.n_ops > 1:
                 # Row-reduction rules schedule reductions over an axis; a pooling window
                 # fused with other ops falls back (measured: resnet18 with maxpool fused into
-                # BN + ReLU ran 1.25x slower on CPU).
+                # BN + ReLU ran 1.25x slower on CPU). Alone, an average pool is the row
+                # rule's (its sum and its divide), a max pool the fallback's: priced as a
+                # row reduction either way (``docs/correctness.md``, known gaps).
                 return SC.FALLBACK
             return SC.REDUCTION if self.n_reductions else SC.ELEMENTWISE
         if self.n_contractions == 1 and self.n_reductions == 0:
