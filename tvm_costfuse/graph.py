@@ -24,6 +24,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir
 
+from .schedules._common import uses
 from .schedules.efficiency import Geometry
 from .schedules.efficiency import describe as contraction_geometry
 from .schedules.fast_math import is_integer_power
@@ -154,29 +155,25 @@ _CALL = re.compile(r"\bT\.([a-z0-9_]+)\(")
 
 
 def _is_pool(block) -> bool:
-    """A reduction block that reads a window: some index combines a reduced var with a
-    spatial one of extent above 1 (``y * 2 + ry``), and no product of two loaded values is
-    accumulated (a convolution's is). A row reduction indexes its reduced vars alone, a
-    global (adaptive) pooling with spatial vars of extent 1."""
+    """A reduction block that reads a window: some index joins a reduced var with a spatial
+    one (``y * 2 + ry``), and no product of two loaded values is accumulated (a convolution's
+    is). For a sum the spatial var must have an extent above 1: a global (adaptive) average
+    pool joins vars of extent 1 and is a row reduction to the rules; a max pool is a window
+    to them whatever its output size. A row reduction indexes its reduced vars alone."""
+    if isinstance(block.body, tvm.tirx.BufferStore) and isinstance(block.body.value,
+                                                                  tvm.tirx.Max):
+        spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
+    else:
+        spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0 and not (
+            isinstance(iv.dom.extent, tvm.tirx.IntImm) and int(iv.dom.extent) == 1)]
     reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
-    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0
-               and not (isinstance(iv.dom.extent, tvm.tirx.IntImm) and int(iv.dom.extent) == 1)]
-    if not reduce or not spatial:
-        return False
     loads: list = []
     tvm_ffi.structural_walk(block.body, (tvm.ir.expr.TensorLoad, loads.append))
-
-    def uses(expr, var) -> bool:
-        found = []
-        tvm_ffi.structural_walk(expr, (tvm.tirx.Var, lambda v: found.append(v.same_as(var))))
-        return any(found)
-
-    windowed = any(uses(i, r) and any(uses(i, v) for v in spatial)
-                   for ld in loads for i in ld.indices for r in reduce)
-    if not windowed:
+    if not any(uses(i, r) and any(uses(i, v) for v in spatial)
+               for ld in loads for i in ld.indices for r in reduce):
         return False
     products = []
-    tvm_ffi.structural_walk(block.body, (tvm.tirx.Mul, lambda m: products.append(m)))
+    tvm_ffi.structural_walk(block.body, (tvm.tirx.Mul, products.append))
     return not any(_reads(m.a) and _reads(m.b) for m in products)
 
 
