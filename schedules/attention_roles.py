@@ -85,10 +85,11 @@ def last_index(sch, block_name: str, load, var) -> None:
 def reduces_last_axis(block: s_tir.SBlock, intermediates) -> bool:
     """Whether a block's reduction vars index only the last axis of the ``intermediates``
     (buffers the function allocates) it reads: a row reduction over the keys; a spatial block
-    trivially. Loads of the function's inputs are not judged: an input read transposed (DeBERTa's
-    position-to-content scores, ``bias[h, key, row]``) is still read per row block, and a
-    reduction that really runs across rows is caught when the block is computed per row
-    block (its region there spans every row)."""
+    trivially. Loads of the function's inputs are not judged: an input read transposed
+    (DeBERTa's position-to-content scores, ``bias[h, key, row]``) is still read per row
+    block. A reduction that really runs across the rows of an input is computed, under the
+    row-block loop, over the region it needs: where that spans more rows than a block the
+    rule declines (its work check), where one block holds every row it is exact."""
     reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     if not reduce:
         return True

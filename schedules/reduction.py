@@ -22,7 +22,7 @@ from ._common import (
     vector_tile,
 )
 from ._loops import PARTITION_HINT, SafeRule, loop_kinds, vectorize_with_tail
-from .card import Card, untiled_contraction
+from .card import Card
 from .classes import ScheduleClass
 
 
@@ -269,9 +269,6 @@ def _claims_reduction(f, kind: str) -> bool:
     reduction groups of the zoo and the synthetic programs: 49 fell back, 101 took the rule,
     no disagreement (synth-0's ``mul + mul1 + square1 + mean1`` measured 2.6x slower fused
     than its parts)."""
-    if kind == "cpu" and f.schedule == ScheduleClass.CONTRACTION and untiled_contraction(f):
-        return f.n_outputs <= 1  # a contraction the contraction rule cannot tile, and its
-        # epilogue: one dot product per output row (efficientnet's squeeze-excite convs)
     if f.schedule != ScheduleClass.REDUCTION:
         return False
     return kind == "cuda" or (f.n_outputs <= 1 and not f.moves_after_reduction)

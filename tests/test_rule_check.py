@@ -3,8 +3,7 @@ priced as the kernel that runs, and the plan is searched again (``transform.plan
 
 The cards and the rules agree on every model here (``test_rule_fidelity``); to see the check
 act, the attention rule is made to decline what the attention card still claims (its key
-limit lowered in the rule's module only). DeBERTa's attention was such a group until the
-rule took a transposed bias: priced as the fused kernel, run as the fallback's loops.
+limit lowered in the rule's module only), or the check itself is replaced.
 """
 
 from __future__ import annotations
@@ -53,9 +52,9 @@ def test_a_declined_group_is_priced_as_what_runs(attention_declines) -> None:
     plan = _plan(mod)
     assert plan.mismatched
     assert all("priced as attention (Attention), but its kernel is scheduled by Fallback"
-               in why for _, why in plan.mismatched)
+               in why for _, _, why in plan.mismatched)
     assert any("priced as what runs" in n for n in plan.notes)
-    assert not any("still run as another kernel" in n for n in plan.notes)
+    assert not any("no rule schedules" in n for n in plan.notes)
     assert not any(group_features(graph, g).schedule_on("cpu") == ScheduleClass.ATTENTION
                    for g in plan.groups)
     # the plan the pass applies (rule check included) computes what no fusion does
@@ -64,3 +63,29 @@ def test_a_declined_group_is_priced_as_what_runs(attention_declines) -> None:
     got, want = (run(tvm.compile(raw, target, relax_pipeline=strategy_pipeline(s, target)),
                      inputs)[0] for s in ("costfuse", "none"))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_rounds_end_and_say_what_the_plan_still_holds(monkeypatch) -> None:
+    """A check that declines every group it is shown, as no rule scheduling it: the searches
+    end after their rounds, and the notes say the plan still holds such groups (FuseOps'
+    groups were declined too, so no region is cheaper there), priced at infinity."""
+    from tvm_costfuse import transform
+    from tvm_costfuse.rule_check import Mismatch
+
+    calls = []
+
+    def declines_all(mod, func_name, graph, groups, target, checked):
+        calls.append(1)
+        new = {frozenset(g) for g in groups} - checked
+        checked |= new
+        return {g: Mismatch(None, "declined by the test") for g in new
+                if sum(graph[m].kind == "call_tir" for m in g) > 1}
+
+    monkeypatch.setattr(transform, "mismatched_groups", declines_all)
+    mod, _ = prepared("bert_layer")
+    plan = _plan(mod)
+    assert len(calls) == transform.RULE_CHECK_ROUNDS + 2  # every search, then the last plan
+    assert plan.mismatched and all(cls is None for _, cls, _ in plan.mismatched)
+    assert any("no rule schedules" in n for n in plan.notes)
+    declined = {g for g, _, _ in plan.mismatched}
+    assert any(g in declined for g in plan.groups) and plan.seconds == float("inf")

@@ -152,6 +152,7 @@ def _nbytes(infos) -> int:
 
 
 _CALL = re.compile(r"\bT\.([a-z0-9_]+)\(")
+_DATA_PAR, _COMM_REDUCE = tvm.tirx.IterVar.DataPar, tvm.tirx.IterVar.CommReduce
 
 
 def _is_pool(block) -> bool:
@@ -160,27 +161,24 @@ def _is_pool(block) -> bool:
     is). For a sum the spatial var must have an extent above 1: a global (adaptive) average
     pool joins vars of extent 1 and is a row reduction to the rules; a max pool is a window
     to them whatever its output size. A row reduction indexes its reduced vars alone."""
-    if isinstance(block.body, tvm.tirx.BufferStore) and isinstance(block.body.value,
-                                                                  tvm.tirx.Max):
-        spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
+    if isinstance(getattr(block.body, "value", None), tvm.tirx.Max):
+        spatial = [iv.var for iv in block.iter_vars if iv.iter_type == _DATA_PAR]
     else:
-        spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0 and not (
+        spatial = [iv.var for iv in block.iter_vars if iv.iter_type == _DATA_PAR and not (
             isinstance(iv.dom.extent, tvm.tirx.IntImm) and int(iv.dom.extent) == 1)]
-    reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 2]
-    loads: list = []
-    tvm_ffi.structural_walk(block.body, (tvm.ir.expr.TensorLoad, loads.append))
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == _COMM_REDUCE]
     if not any(uses(i, r) and any(uses(i, v) for v in spatial)
-               for ld in loads for i in ld.indices for r in reduce):
+               for ld in _reads(block.body) for i in ld.indices for r in reduce):
         return False
     products = []
     tvm_ffi.structural_walk(block.body, (tvm.tirx.Mul, products.append))
     return not any(_reads(m.a) and _reads(m.b) for m in products)
 
 
-def _reads(expr) -> bool:
-    found = []
+def _reads(expr) -> list:
+    found: list = []
     tvm_ffi.structural_walk(expr, (tvm.ir.expr.TensorLoad, found.append))
-    return bool(found)
+    return found
 
 
 def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool]:
@@ -226,9 +224,10 @@ def _integer_powers(body) -> int:
 
 def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, float,
                                                        tuple | None, bool]:
-    """(pattern, FLOPs, reduction extent, math work in exp-equivalents, contraction geometry,
-    pooling window) of one PrimFunc. The geometry is read only where a reduction does at least one
-    multiply-add per reduced element (the contraction test of ``cost.features.op_class``)."""
+    """(pattern, FLOPs, reduction extent, math work in exp-equivalents, contraction
+    geometry, pooling window) of one PrimFunc. The geometry is read only where a reduction
+    does at least one multiply-add per reduced element (the contraction test of
+    ``cost.features.op_class``) and the block is no pooling window."""
     func = mod[gvar]
     attrs = func.attrs or {}
     pattern = OpPattern(int(attrs["op_pattern"])) if "op_pattern" in attrs else OpPattern.OPAQUE

@@ -1,21 +1,17 @@
 """Rule check: each fused kernel is scheduled by the rule of the card that priced it.
 
-The planner prices a group with the first card that claims its features. The features are
-read off the Relax graph (``cost/extract.py``). The schedule pass takes the kernel with the
-first rule whose structural preconditions hold on its TIR (``schedules/cpu.py``). The two
-checks are written apart, so they can disagree. Where they do, the plan priced a kernel that
-never runs.
+The planner prices a group with the first card that claims its features, read off the Relax
+graph (``cost/extract.py``); the schedule pass takes the kernel with the first rule whose
+structural preconditions hold on its TIR (``schedules/cpu.py``). The two are written apart,
+so they can disagree, and where they do the plan priced a kernel that never runs (a group
+priced as fused attention and run as the fallback's loops is 10-100x over its price).
 
-DeBERTa's disentangled attention was such a case. The attention card claimed it, but the
-attention rule declined it (the position bias is read transposed). The kernel then ran as the
-fallback's naive loops, 75x over its price, and the model ran at half FuseOps' speed.
-
-So after planning, the fused groups are built as the build builds them (``apply_partition``
-then ``FuseTIR``), and each distinct kernel is handed to the rules (``schedules.first_rule``).
-A group that the card's rule does not take is returned with the card of the rule that does
+So the plan's fused groups are built as the build builds them (``apply_partition`` then
+``FuseTIR``), and each distinct kernel is handed to the rules (``schedules.first_rule``). A
+group that the card's rule does not take is returned with the card of the rule that does
 (None where no rule does), and the planner searches again with the group priced as that card
-(``transform.plan_module``). LLVM targets only: there both the cards and the rules are ours.
-On CUDA the rules are dlight's, which schedule any kernel.
+(``transform.plan_module``). LLVM targets only: there both the cards and the rules are ours;
+on CUDA the rules are dlight's.
 """
 
 from __future__ import annotations

@@ -71,8 +71,9 @@ def attention_program(b: int, h: int, s: int, d: int, form: str = "plain",
     """``softmax(Q K^T / sqrt(d) [+ mask | causal where | + B^T]) V`` on (b, h, s, d) tensors,
     as the importers emit it (K^T a transpose feeding the scores), prepared for fusion; with
     its inputs. ``form="transposed_bias"`` adds a (b, h, keys, rows) input transposed, as
-    DeBERTa adds its position-to-content scores. ``rows``: fewer queries than keys; ``probs_out``: the probabilities returned too
-    (``tests/test_attention.py``, ``scripts/bench_attention.py``)."""
+    DeBERTa adds its position-to-content scores. ``rows``: fewer queries than keys;
+    ``probs_out``: the probabilities returned too (``tests/test_attention.py``,
+    ``scripts/bench_attention.py``)."""
     import math
 
     import numpy as np

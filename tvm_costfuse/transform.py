@@ -4,7 +4,9 @@ It must run where FuseOps runs: after LegalizeOps + AnnotateTIROpPattern (+ Fold
 every op is a pattern-annotated call_tir, and before FuseTIR, which turns each grouped
 function into one PrimFunc. Per Relax function it builds the OpGraph, plans with the cost
 model, and applies the plan with ``apply_partition``. Bindings whose cost it cannot model
-(symbolic shapes) are left to FuseOps' own grouping, and the plan says so.
+(symbolic shapes) are left to FuseOps' own grouping, and the plan says so. Each fused kernel
+of the plan is then handed to the schedule rules (``rule_check``): a group that runs as
+another kernel than its card priced is priced as what runs and the plan searched again.
 """
 
 from __future__ import annotations
@@ -62,35 +64,36 @@ def plan_module(
         model = load_measured(target)
     compile_target = compile_target or tvm.target.Target.current() or target.tvm_target()
     mismatched: dict[frozenset, Mismatch] = {}
-    checked: set[frozenset] = set()
+    checked = {frozenset(g) for g in frozen}  # FuseOps' own groups, kept as they are
     for _ in range(1 + RULE_CHECK_ROUNDS):
         plan = _search(mod, func_name, graph, target, config, model, frozen, mismatched)
         found = mismatched_groups(mod, func_name, graph, plan.groups, compile_target, checked)
         if not found:
             break
         mismatched.update(found)
-    if found:  # still mismatched: priced as what runs, and FuseOps' grouping where cheaper
+    else:  # the last search formed groups found only now: FuseOps' grouping where cheaper
         plan = _no_worse_than_fuseops(mod, func_name, graph, plan, target, config, model,
-                                      frozen, mismatched)
-        found = mismatched_groups(mod, func_name, graph, plan.groups, compile_target, checked)
+                                      frozen, mismatched, reprice=True)
+        mismatched.update(mismatched_groups(mod, func_name, graph, plan.groups,
+                                            compile_target, checked))
+    kept = [g for g in map(frozenset, plan.groups) if g in mismatched]
     notes = []
     if mismatched:
-        unscheduled = sum(m.card is None for m in mismatched.values())
-        notes.append(f"{len(mismatched)} group(s) the search formed run as another kernel "
-                     f"than their card priced; searched again with them priced as what runs"
-                     + (f" ({unscheduled} that no rule schedules not formed)"
-                        if unscheduled else ""))
-    if found:
-        notes.append(f"{len(found)} group(s) of the plan still run as another kernel than "
-                     f"priced after {RULE_CHECK_ROUNDS} searches: "
-                     + "; ".join(f"{_span(graph, g)}: {m.why}" for g, m in found.items()))
+        notes.append(f"{len(mismatched)} group(s) a search formed run as another kernel than "
+                     "their card priced; they are priced as what runs"
+                     + (f", and {len(kept)} of them are in the plan" if kept else
+                        ", and the search chose without them"))
+    if any(mismatched[g].card is None for g in kept):
+        notes.append("the plan holds groups no rule schedules (left as loops), after "
+                     f"{1 + RULE_CHECK_ROUNDS} searches and FuseOps' grouping")
     if frozen:
         notes.append(f"{len(skip)} bindings with symbolic shapes left to FuseOps "
                      f"({len(frozen)} of its groups kept as they are)")
     if notes:
         plan = dataclasses.replace(
             plan, left_to_fuseops=tuple(map(tuple, frozen)), notes=plan.notes + tuple(notes),
-            mismatched=tuple((tuple(sorted(g, key=lambda n: graph[n].index)), m.why)
+            mismatched=tuple((tuple(sorted(g, key=lambda n: graph[n].index)),
+                              m.card.cls if m.card is not None else None, m.why)
                              for g, m in mismatched.items()))
     return plan
 
@@ -109,19 +112,23 @@ def _search(mod, func_name, graph, target, config, model, frozen, mismatched) ->
 
 
 def _no_worse_than_fuseops(mod, func_name, graph, plan, target, config, model, frozen,
-                           mismatched):
+                           mismatched, reprice: bool = False):
     """``plan`` with each region where FuseOps' grouping is predicted cheaper (and legal,
-    and convex with the rest) taken from FuseOps (``regions``); a note says how many."""
+    and convex with the rest) taken from FuseOps (``regions``); a note says how many.
+    ``reprice``: the plan's estimates are taken again from ``mismatched``'s prices even
+    where no region changes."""
     price = Pricer(graph, target, config, model, mismatched)
     units, swapped, saved = cheaper_by_region(graph, price, plan.groups,
                                               fuseops_groups(mod, func_name), frozen)
-    if not swapped:
+    if not swapped and not reprice:
         return plan
     estimates = {tuple(sorted(u, key=lambda n: graph[n].index)): price(u)[0] for u in units}
     note = (f"{swapped} region(s) take FuseOps' grouping, predicted {saved * 1e6:.2f} us "
             "cheaper than the search's" if math.isfinite(saved) else
             f"{swapped} region(s) take FuseOps' grouping, some in place of groups no rule "
             "schedules")
+    if not swapped:
+        return dataclasses.replace(plan, estimates=estimates)
     return FusionPlan(tuple(k for k in estimates if len(k) > 1), estimates, plan.decisions,
                       plan.left_to_fuseops, plan.notes + (note,))
 

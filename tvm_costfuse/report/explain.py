@@ -10,6 +10,7 @@ Nothing here changes IR.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import tvm
@@ -119,7 +120,8 @@ def explain(
         ``model``, ``target``, ``config``; ``groups`` (one per kernel: ops, ``predicted_s``,
         ``breakdown``, ``registers``, ``spill_bytes``, ``schedule``); ``decisions``;
         ``left_to_fuseops`` and ``notes``; ``mismatched`` (groups a search formed that run as
-        another kernel than their card priced, and what runs: ``rule_check``); ``folded`` (weight-only work folded before
+        another kernel than their card priced: ops, the class they are priced as, why;
+        ``rule_check``); ``folded`` (weight-only work folded before
         planning, one line per rewritten binding); ``totals`` for ``costfuse``, ``fuseops``,
         ``rules`` and ``none``.
     """
@@ -132,8 +134,9 @@ def explain(
     mod = prepare(model, resolved.tvm, fold=False)
     desc = resolved.desc
     cfg = FusionConfig.resolve(**config)
-    plan = plan_module(mod, desc, cfg, func_name)
+    plan = plan_module(mod, desc, cfg, func_name, compile_target=resolved.tvm)
     graph = build_graph(mod, func_name)
+    runs_as = {tuple(g): cls for g, cls, _ in plan.mismatched}  # priced as what runs
 
     groups = []
     for members, est in sorted(plan.estimates.items(), key=lambda kv: graph[kv[0][0]].index):
@@ -144,14 +147,16 @@ def explain(
             "breakdown": dict(est.breakdown),
             "registers": est.registers,
             "spill_bytes": est.spill_bytes,
-            "schedule": group_features(graph, members).schedule_on(desc.kind),
+            "schedule": runs_as.get(tuple(members))
+            or group_features(graph, members).schedule_on(desc.kind),
         })
     decisions = [
         {
             "kind": d.kind,
             "left": list(d.left),
             "right": list(d.right),
-            "gain_s": d.gain_s,
+            "gain_s": d.gain_s if math.isfinite(d.gain_s) else None,  # None: a group no rule
+            # schedules (``rule_check``), priced at infinity
             "accepted": d.accepted,
             "reason": d.reason,
         }
@@ -172,7 +177,7 @@ def explain(
         "decisions": decisions,
         "left_to_fuseops": [list(g) for g in plan.left_to_fuseops],
         "notes": list(plan.notes),
-        "mismatched": [[list(g), why] for g, why in plan.mismatched],
+        "mismatched": [[list(g), cls, why] for g, cls, why in plan.mismatched],
         "folded": [str(f) for f in folds],
         "totals": {k: _totals(graph, desc, cfg, g) for k, g in partitions.items()},
         "partitions": partitions,
@@ -205,7 +210,8 @@ def format_text(report: dict, max_decisions: int = 40) -> str:
     for d in decisions[:max_decisions]:
         mark = "+" if d["accepted"] else "-"
         lines.append(f"  {mark} {d['kind']:<10} {'+'.join(d['left'])} <- {'+'.join(d['right'])}"
-                     f": gain {_us(d['gain_s'])} us; {d['reason']}")
+                     f": gain {_us(d['gain_s']) if d['gain_s'] is not None else '-inf'} us; "
+                     f"{d['reason']}")
     for g in report["left_to_fuseops"]:
         lines.append(f"  left to FuseOps: {', '.join(g)}")
     lines += [f"  note: {n}" for n in report["notes"]]
