@@ -70,9 +70,10 @@ def mismatched_groups(mod: tvm.IRModule, func_name: str, graph: OpGraph,
     taken_by: dict[int, object] = {}  # a repeated layer's kernel is asked once
     found = {}
     for members, card in cards.items():
-        if next(iter(members)) not in function_of:
+        name = next((function_of[m] for m in sorted(members) if m in function_of), None)
+        if name is None:
             continue  # dead code: no kernel runs
-        kernel = kernels[function_of[next(iter(members))]]
+        kernel = kernels[name]
         key = tvm_ffi.structural_hash(kernel)
         if key not in taken_by:
             with target:

@@ -98,11 +98,6 @@ def plan_module(
     return plan
 
 
-def _span(graph, members) -> str:
-    names = sorted(members, key=lambda n: graph[n].index)
-    return names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
-
-
 def _search(mod, func_name, graph, target, config, model, frozen, mismatched) -> FusionPlan:
     """The planner's search, then FuseOps' grouping where that is predicted cheaper."""
     search = plan_exact if config.search == "exact" else plan_greedy
