@@ -60,8 +60,8 @@ class Pricer:
             if card is None:
                 est = Estimate(math.inf)
             else:
-                f.__dict__["_card_cpu"] = card  # what ``card_on`` caches: the rule that runs
-                est = self.model(f, self.target, self.config.register_budget)
+                est = self.model(f.priced_as("cpu", card), self.target,
+                                 self.config.register_budget)
             self.estimates[members] = est
         if est is None:
             f = self.features[members] = group_features(self.graph, members)

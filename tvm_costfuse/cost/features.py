@@ -202,6 +202,12 @@ class GroupFeatures:
             card = self.__dict__[key] = catalog.claim(self, kind)
         return card
 
+    def priced_as(self, kind: str, card: Card) -> GroupFeatures:
+        """These features with ``card`` as their kernel on a ``kind`` target, whatever the
+        catalog claims (the plan's rule check found the kernel runs as that card's rule)."""
+        self.__dict__["_card_cuda" if kind == "cuda" else "_card_cpu"] = card
+        return self
+
     def schedule_on(self, kind: str) -> SC:
         """The schedule class on a target kind (:meth:`card_on`'s)."""
         return self.card_on(kind).cls
