@@ -26,7 +26,14 @@ CASES = [(16, 96, 112, 3, 2), (24, 144, 56, 3, 1), (24, 144, 56, 3, 2), (32, 192
          (192, 1152, 7, 5, 1)]
 
 
-def block(ic, cm, size, k, stride, rng):
+def activation(x, act):
+    """ReLU6 (MobileNetV2) or SiLU (EfficientNet: a sigmoid per element in both kernels)."""
+    if act == "silu":
+        return relax.op.multiply(x, relax.op.sigmoid(x))
+    return relax.op.clip(x, 0.0, 6.0)
+
+
+def block(ic, cm, size, k, stride, rng, act="relu6"):
     """The pair as Relax (constant weights), and an input."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, ic, size, size), "float32"))
@@ -37,10 +44,10 @@ def block(ic, cm, size, k, stride, rng):
     with bb.function("main", [x]):
         with bb.dataflow():
             e = bb.emit(relax.op.nn.conv2d(x, const(cm, ic, 1, 1, scale=ic ** -0.5)))
-            e = bb.emit(relax.op.clip(relax.op.add(e, const(1, cm, 1, 1)), 0.0, 6.0))
+            e = bb.emit(activation(relax.op.add(e, const(1, cm, 1, 1)), act))
             d = bb.emit(relax.op.nn.conv2d(e, const(cm, 1, k, k, scale=1.0 / k),
                                            strides=stride, padding=k // 2, groups=cm))
-            d = bb.emit(relax.op.clip(relax.op.add(d, const(1, cm, 1, 1)), 0.0, 6.0))
+            d = bb.emit(activation(relax.op.add(d, const(1, cm, 1, 1)), act))
             out = bb.emit_output(d)
         bb.emit_func_output(out)
     return bb.get(), rng.standard_normal((1, ic, size, size)).astype(np.float32)
@@ -64,6 +71,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--cases", nargs="*", default=None,
                     help="cases as IC,CM,SIZE,K,STRIDE (default: the built-in list)")
+    ap.add_argument("--act", choices=("relu6", "silu"), default="relu6")
     args = ap.parse_args()
     cases = [tuple(int(v) for v in c.split(",")) for c in args.cases] if args.cases else CASES
     target = host_target(args.threads)
@@ -72,7 +80,7 @@ def main() -> None:
     print(f"{target}  load {os.getloadavg()[0]:.2f}")
     ratios = []
     for ic, cm, size, k, stride in cases:
-        mod, x = block(ic, cm, size, k, stride, rng)
+        mod, x = block(ic, cm, size, k, stride, rng, args.act)
         vms = {}
         for name, split in (("split", True), ("chain", False)):
             ex = tvm.compile(mod, target, relax_pipeline=scheduled_pipeline(

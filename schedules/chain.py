@@ -230,6 +230,7 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
     sch.compute_at(pw, par, preserve_unit_loops=True)
     if deinterleaved:
         depthwise.order_parity_last(sch, plane)
+        depthwise.unroll_short_row(sch, plane, lanes)
     else:
         depthwise.vectorize_last(sch, plane, lanes)  # whole vectors and a tail on a long row
     return _pointwise_tile(sch, pw, between, par, block, lanes, registers)

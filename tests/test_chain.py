@@ -44,6 +44,8 @@ EDGES = [
     (1, 24, 144, 56, 56, 3, 1, 1, "relu6"),  # MobileNetV2's third block
     (1, 16, 96, 112, 112, 3, 2, 1, "silu"),  # its second: a deinterleaved plane, blocks of 8
     (2, 12, 24, 14, 14, 3, 2, 1, "relu6"),  # batch 2 with a deinterleaved plane
+    (1, 4, 16, 30, 30, 3, 2, 1, "silu"),  # a 32-wide plane row: unrolled on AVX-512
+    (1, 6, 20, 6, 6, 3, 2, 1, "relu6"),  # an 8-wide plane row: unrolled on AVX2
     (1, 3, 1, 14, 14, 3, 1, 1, "silu"),  # one expanded channel: declined by both
 ]
 
@@ -103,6 +105,26 @@ def test_one_parallel_loop_over_channel_blocks(target) -> None:
     assert [int(lp.extent) for lp in parallel] == [144 // 8]
     lanes = 16 if target is AVX512 else 8
     assert lanes in {int(lp.extent) for lp in loops if lp.kind == tirx.ForKind.VECTORIZED}
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_short_deinterleaved_row_is_copied_unrolled(target) -> None:
+    """A 14-wide image at stride 2: the plane's 8 half-columns are unrolled (LLVM's loop
+    vectorizer made them a gather and a scatter, ``depthwise.unroll_short_row``); a 56-wide
+    one keeps its loop."""
+    def half_column_loops(size: int) -> list:
+        mod, _ = channel_chain_program(1, 16, 64, size, size, stride=2)
+        with target:
+            sch = ChannelChain().apply(fused_kernel(mod, kernels(mod)), target, False)
+        assert sch is not None
+        loops = []
+        tvm_ffi.structural_walk(sch.mod["main"].body, (tirx.For, loops.append), order="pre")
+        return [lp for lp in loops if int(lp.extent) == (size + 2) // 2
+                and isinstance(lp.body, tirx.For) and int(lp.body.extent) == 2
+                and lp.body.kind == tirx.ForKind.UNROLLED]  # half-column -> parity
+
+    assert [lp.kind for lp in half_column_loops(14)] == [tirx.ForKind.UNROLLED]
+    assert [lp.kind for lp in half_column_loops(56)] == [tirx.ForKind.SERIAL]
 
 
 def test_a_pointwise_depthwise_pair_is_no_chain() -> None:
