@@ -22,7 +22,20 @@ from typing import Any
 
 from .classes import ScheduleClass
 
-__all__ = ["Card", "no_items", "no_rereads", "no_share", "one_nest"]
+__all__ = ["Card", "no_items", "no_rereads", "no_share", "one_nest", "untiled_contraction"]
+
+
+def untiled_contraction(features: Any) -> bool:
+    """Whether the group's one contraction has no tiled path in the contraction rule: no
+    einsum, convolution or depthwise form, and no output axis to vectorize (a 1x1 conv on a
+    1x1 image, as squeeze-excite blocks have: ``normalize_prim_func`` drops the unit axes,
+    ``efficiency.describe`` reads ``tiled`` 1). The rule declines such a block; the
+    row-reduction rule takes it, one dot product per output."""
+    geometries = [w.geometry for w in features.op_work if w.contraction]
+    if len(geometries) != 1 or geometries[0] is None:
+        return False
+    g = geometries[0]
+    return g.gemm is None and g.conv is None and g.depthwise is None and g.tiled <= 1
 
 
 def one_nest(features: Any) -> int:

@@ -22,7 +22,7 @@ from ._common import (
     vector_tile,
 )
 from ._loops import SafeRule, schedule_rest, split_loops, tile_and_parallelize
-from .card import Card
+from .card import Card, untiled_contraction
 from .classes import ScheduleClass as SC
 from .prepack import pack_streamed_operand
 from .reduction import reciprocal_divisions
@@ -128,6 +128,8 @@ def _claims_contraction(f, kind: str) -> bool:
     definition")."""
     if f.attention and kind == "cpu":  # the attention rule's (its softmax is a reduction, so
         return False  # the form is never a lone contraction; said here, not left to order)
+    if kind == "cpu" and untiled_contraction(f):
+        return False  # the row-reduction rule's
     form = f.schedule
     if form == SC.CONTRACTION:
         return True
@@ -143,7 +145,7 @@ def _claims_stream(f, kind: str) -> bool:
     docs/log/2026-11-29a.md). Not with a split epilogue: the rule declines a contraction with
     several consumers (measured 54x slower: gpt2_block's Q/K/V projection)."""
     return (kind == "cpu" and f.schedule == SC.CONTRACTION_PROLOGUE and not f.reshaping_ops
-            and not f.tuple_items and not f.attention)
+            and not f.tuple_items and not f.attention and not untiled_contraction(f))
 
 
 # CPU: the register-blocked micro-kernel (``gemm.py``) reached 0.49-0.63 of the FMA-chain peak

@@ -22,7 +22,7 @@ from ._common import (
     vector_tile,
 )
 from ._loops import PARTITION_HINT, SafeRule, loop_kinds, vectorize_with_tail
-from .card import Card
+from .card import Card, untiled_contraction
 from .classes import ScheduleClass
 
 
@@ -268,10 +268,18 @@ def _claims_reduction(f, kind: str) -> bool:
     reduction falls back (a reshape keeps the rows). Applying the rules to the 150 measured
     reduction groups of the zoo and the synthetic programs: 49 fell back, 101 took the rule,
     no disagreement (synth-0's ``mul + mul1 + square1 + mean1`` measured 2.6x slower fused
-    than its parts)."""
+    than its parts). The last block must write the row: a kernel that ends in its reduction
+    (a max pool or a sum alone) falls back."""
+    if (kind == "cpu" and untiled_contraction(f) and f.n_ops > 1 and f.schedule in (
+            ScheduleClass.CONTRACTION, ScheduleClass.CONTRACTION_PROLOGUE)):
+        # a contraction the contraction rule cannot tile (squeeze-excite's 1x1 convs on a
+        # 1x1 image) with its neighbours: one dot product per output row; alone, its one
+        # block is no row reduction the rule takes, and the fallback runs it
+        return f.n_outputs <= 1
     if f.schedule != ScheduleClass.REDUCTION:
         return False
-    return kind == "cuda" or (f.n_outputs <= 1 and not f.moves_after_reduction)
+    return kind == "cuda" or (f.n_outputs <= 1 and not f.moves_after_reduction
+                              and not f.ends_in_reduction)
 
 
 # Vector rfactor partials, one row loop: TVM's FLOP count over the time of the math-free row

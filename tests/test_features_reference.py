@@ -133,6 +133,7 @@ def reference_features(graph, members) -> GroupFeatures:
                                   for n in nodes),
         view_ops=sum(n.view for n in calls),
         attention=reference_attention(graph, names, len(outputs)),
+        ends_in_reduction=int(calls[-1].ends_in_reduction) if calls else 0,
     )
 
 

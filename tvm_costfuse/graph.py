@@ -95,6 +95,8 @@ class Node:
     # A pooling window (:func:`_is_pool`): a reduction over a window that slides or tiles
     # along a spatial axis, with no product of two loaded values (max or average pooling).
     pool: bool = False
+    # The last block reduces (a max pool, a sum): alone, no row reduction to the CPU rule.
+    ends_in_reduction: bool = False
 
     @property
     def fusable(self) -> bool:
@@ -181,10 +183,10 @@ def _reads(expr) -> list:
     return found
 
 
-def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool]:
+def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool]:
     """(largest product of reduction-axis extents over the PrimFunc's blocks, 1 if none; math
     work per invocation in exp-equivalents: each block's weighted calls times its
-    iterations; whether a block is a pooling window, :func:`_is_pool`).
+    iterations; a pooling window among them (:func:`_is_pool`); the last one reducing).
 
     Limits: a block's iterations are the product of its iteration-variable extents, so a loop
     written inside a block body (hand-written, opaque blocks) or a nested block counts once
@@ -192,7 +194,7 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool]:
     a constant 2, 3 or 4 is free: ``fast_math`` makes it multiplies. A kernel written as
     plain loops (no blocks) has no reduction the graph can see: (1, 0.0)."""
     if not isinstance(func.body, s_tir.SBlockRealize):
-        return 1, 0.0, False
+        return 1, 0.0, False, False
     best, calls, pool = 1, 0.0, False
     # Every block below the body's (root) block, read from the IR: names need not be unique
     # in hand-written TIR (an inner block may be called "root" too), so no lookup by name.
@@ -211,7 +213,8 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool]:
         per_iter -= MATH_COST["pow"] * _integer_powers(block.body)
         calls += per_iter * iterations
         pool = pool or _is_pool(block)
-    return best, calls, pool
+    ends = bool(blocks) and any(int(iv.iter_type) == 2 for iv in blocks[-1].iter_vars)
+    return best, calls, pool, ends
 
 
 def _integer_powers(body) -> int:
@@ -223,22 +226,22 @@ def _integer_powers(body) -> int:
 
 
 def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, float,
-                                                       tuple | None, bool]:
+                                                       tuple | None, bool, bool]:
     """(pattern, FLOPs, reduction extent, math work in exp-equivalents, contraction
-    geometry, pooling window) of one PrimFunc. The geometry is read only where a reduction
-    does at least one multiply-add per reduced element (the contraction test of
-    ``cost.features.op_class``) and the block is no pooling window."""
+    geometry, pooling window, last block reducing) of one PrimFunc. The geometry is read only
+    where a reduction does at least one multiply-add per reduced element (the contraction
+    test of ``cost.features.op_class``) and the block is no pooling window."""
     func = mod[gvar]
     attrs = func.attrs or {}
     pattern = OpPattern(int(attrs["op_pattern"])) if "op_pattern" in attrs else OpPattern.OPAQUE
     flops = float(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
-    red, math_work, pool = _block_facts(func)
+    red, math_work, pool, ends = _block_facts(func)
     out = sum(math.prod(int(s) for s in buf.shape) if all(
         isinstance(s, tvm.tirx.IntImm) for s in buf.shape) else 0
         for buf in list(func.params)[-1:])
     geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
         and not pool else None
-    return pattern, flops, red, math_work, geometry, pool
+    return pattern, flops, red, math_work, geometry, pool, ends
 
 
 def _has_reshape_pattern(func: tvm.tirx.PrimFunc) -> bool:
@@ -354,8 +357,8 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 and isinstance(value, relax.Call)
                 and value.op.same_as(_CALL_TIR)
             ):
-                pattern, flops, red, math, geometry, pool = _prim_func_facts(mod,
-                                                                             value.args[0])
+                pattern, flops, red, math, geometry, pool, ends = _prim_func_facts(
+                    mod, value.args[0])
                 why = (
                     f"its PrimFunc {value.args[0].name_hint!r} is opaque (op_pattern 8)"
                     if pattern == OpPattern.OPAQUE
@@ -366,7 +369,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
                             tuple(inputs), outputs, tuple(sizes), flops, in_bytes,
                             _nbytes(outputs), red, why, block_index, view, reshape_like,
-                            math, geometry, pool)
+                            math, geometry, pool, ends)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,

@@ -48,6 +48,7 @@ class _NodeFacts:
         "consumers",
         "contraction",
         "elems",
+        "ends_in_reduction",
         "escapes_block",
         "flops",
         "index",
@@ -92,6 +93,7 @@ class _NodeFacts:
         self.flops, self.math, self.written = node.flops, node.math, node.bytes_written
         self.itemsize = _itemsize(node.outputs[0].dtype) if node.outputs else None
         self.is_call, self.view = node.kind == "call_tir", node.view
+        self.ends_in_reduction = node.ends_in_reduction
         # ``op_work`` entries, outside a prologue and in one.
         self.work = tuple(OpWork(self.contraction, node.flops, self.elems, p, node.math,
                                  node.geometry) for p in (False, True))
@@ -332,6 +334,7 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         "reshaping_ops": reshaping,
         "n_outputs": len(outputs),
         "moves_after_reduction": moves_after,
+        "ends_in_reduction": int(calls[-1].ends_in_reduction) if calls else 0,
         "view_ops": views,
         "attention": len(outputs) == 1 and bool(contractions) and _is_attention(
             graph, facts, member, contractions),

@@ -127,6 +127,9 @@ class GroupFeatures:
     # applies (``schedules.reduction._claims_reduction``).
     n_outputs: int = 1
     moves_after_reduction: int = 0
+    # The group's last member ends in a reducing block (``Node.ends_in_reduction``): a kernel
+    # whose last block reduces is no row reduction to the CPU rule (a max pool alone).
+    ends_in_reduction: int = 0
     # Reshape-like members TVM turns into a view when they are left alone (``Node.view``).
     view_ops: int = 0
     # Each member's work (:class:`OpWork`).
@@ -214,5 +217,6 @@ class GroupFeatures:
 
 
 _NOT_LEARNED = ("boundary_sizes", "tuple_items", "prologue_compute",
-                "n_outputs", "moves_after_reduction", "view_ops", "op_work", "attention")
+                "n_outputs", "moves_after_reduction", "view_ops", "op_work", "attention",
+                "ends_in_reduction")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)
