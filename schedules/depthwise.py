@@ -235,18 +235,19 @@ def order_parity_last(sch: s_tir.Schedule, plane) -> list:
 
 
 def unroll_short_row(sch: s_tir.Schedule, plane, lanes: int) -> None:
-    """Unroll a deinterleaved plane's half-column loop where the source row it copies is at
-    most two vectors, a whole number of them (:func:`order_parity_last` must have run).
+    """Unroll a deinterleaved plane's half-column loop where it has at most one vector of
+    half-columns and the padded row (both halves) is a whole number of vectors
+    (:func:`order_parity_last` must have run).
 
     Inside the channel chain (``chain.py``), whose plane copies a buffer the kernel allocates
     itself, LLVM's loop vectorizer made the 8-iteration loop of a 14-wide row a
-    ``vgatherdps`` / ``vscatterdps`` pair per 8 floats in AVX-512 code: 42% of the perf samples
+    ``vgatherqps`` / ``vscatterqps`` pair per 8 floats in AVX-512 code: 42% of the perf samples
     of a 64 -> 384 chain at 14 x 14, stride 2, which ran 0.71-0.78x its two kernels
     (``lab/chain_ab.py``; the standalone kernel, copying from a parameter, got shuffles).
     Unrolled, the SLP vectorizer loads the row as whole vectors and splits it with
     ``vpermps`` / ``vshufps``: the chain ran 1.33x (96 -> 576) and 1.49x (64 -> 384) faster
-    (znver4, 1 thread, one process). AVX2 has no scatter: there it measured the same either
-    way (0.98-1.00x). A row of 9 half-columns (a 5x5 window) unrolled stayed scalar, so other
+    (znver4, 1 thread, one process; ``lab/chain_unroll_ab.py``). AVX2 has no scatter: there it
+    measured the same either way (0.98-1.00x). A row of 9 half-columns (a 5x5 window) unrolled stayed scalar, so other
     lengths keep the loop."""
     half = sch.get_loops(plane)[-2]
     extent = int(sch.get(half).extent)

@@ -261,21 +261,22 @@ def reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 def _claims_reduction(f, kind: str) -> bool:
-    """Row reductions (softmax, norms, mean) with elementwise members, no contraction, no
-    pooling window fused with other ops (row rules reduce over an axis: resnet18 with its
-    maxpool fused into BN + ReLU ran 1.25x slower on CPU). On CPU every block must sit on the
+    """Row reductions (softmax, norms, mean) with elementwise members, no contraction but an
+    untiled one (below), no pooling window fused with other ops (row rules reduce over an
+    axis: resnet18 with its maxpool fused into BN + ReLU ran 1.25x slower on CPU). On CPU every block must sit on the
     rows of the last one: a group that hands out a second tensor or transposes after its
     reduction falls back (a reshape keeps the rows). Applying the rules to the 150 measured
     reduction groups of the zoo and the synthetic programs: 49 fell back, 101 took the rule,
     no disagreement (synth-0's ``mul + mul1 + square1 + mean1`` measured 2.6x slower fused
     than its parts). The last block must write the row: a kernel that ends in its reduction
     (a max pool or a sum alone) falls back."""
-    if (kind == "cpu" and untiled_contraction(f) and f.n_ops > 1 and f.schedule in (
-            ScheduleClass.CONTRACTION, ScheduleClass.CONTRACTION_PROLOGUE)):
+    if kind == "cpu" and untiled_contraction(f) and f.schedule in (
+            ScheduleClass.CONTRACTION, ScheduleClass.CONTRACTION_PROLOGUE):
         # a contraction the contraction rule cannot tile (squeeze-excite's 1x1 convs on a
-        # 1x1 image) with its neighbours: one dot product per output row; alone, its one
-        # block is no row reduction the rule takes, and the fallback runs it
-        return f.n_outputs <= 1
+        # 1x1 image) and an epilogue after it: one dot product per output row; ending in the
+        # contraction (alone, or after a prologue only), it is no row reduction the rule
+        # takes, and the fallback runs it
+        return f.n_outputs <= 1 and not f.ends_in_reduction
     if f.schedule != ScheduleClass.REDUCTION:
         return False
     return kind == "cuda" or (f.n_outputs <= 1 and not f.moves_after_reduction

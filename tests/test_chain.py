@@ -107,24 +107,32 @@ def test_one_parallel_loop_over_channel_blocks(target) -> None:
     assert lanes in {int(lp.extent) for lp in loops if lp.kind == tirx.ForKind.VECTORIZED}
 
 
-@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
-def test_a_short_deinterleaved_row_is_copied_unrolled(target) -> None:
-    """A 14-wide image at stride 2: the plane's 8 half-columns are unrolled (LLVM's loop
-    vectorizer made them a gather and a scatter, ``depthwise.unroll_short_row``); a 56-wide
-    one keeps its loop."""
-    def half_column_loops(size: int) -> list:
-        mod, _ = channel_chain_program(1, 16, 64, size, size, stride=2)
-        with target:
-            sch = ChannelChain().apply(fused_kernel(mod, kernels(mod)), target, False)
-        assert sch is not None
-        loops = []
-        tvm_ffi.structural_walk(sch.mod["main"].body, (tirx.For, loops.append), order="pre")
-        return [lp for lp in loops if int(lp.extent) == (size + 2) // 2
-                and isinstance(lp.body, tirx.For) and int(lp.body.extent) == 2
-                and lp.body.kind == tirx.ForKind.UNROLLED]  # half-column -> parity
+# (image side, window, unrolled on AVX2, unrolled on AVX-512): the plane row of a stride-2
+# chain has (side + window - 1) // 2 half-columns, unrolled when they are at most one vector
+# and twice them a whole number of vectors
+SHORT_ROWS = [(14, 3, True, True), (30, 3, False, True), (6, 3, True, False),
+              (14, 5, False, False), (56, 3, False, False)]
 
-    assert [lp.kind for lp in half_column_loops(14)] == [tirx.ForKind.UNROLLED]
-    assert [lp.kind for lp in half_column_loops(56)] == [tirx.ForKind.SERIAL]
+
+@pytest.mark.parametrize("case", SHORT_ROWS, ids=lambda c: f"{c[0]}x{c[0]}k{c[1]}")
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_short_deinterleaved_row_is_copied_unrolled(target, case) -> None:
+    """``depthwise.unroll_short_row``: LLVM's loop vectorizer made the 8 half-columns of a
+    14-wide image a gather and a scatter; unrolled, the SLP vectorizer shuffles whole
+    vectors. Other lengths keep their loop."""
+    side, k, on_avx2, on_avx512 = case
+    mod, _ = channel_chain_program(1, 16, 64, side, side, k, stride=2, padding=k // 2)
+    with target:
+        sch = ChannelChain().apply(fused_kernel(mod, kernels(mod)), target, False)
+    assert sch is not None
+    loops = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, (tirx.For, loops.append), order="pre")
+    half = [lp for lp in loops if int(lp.extent) == (side + k - 1) // 2
+            and isinstance(lp.body, tirx.For) and int(lp.body.extent) == 2
+            and lp.body.kind == tirx.ForKind.UNROLLED]  # half-column -> parity
+    unrolled = on_avx512 if target is AVX512 else on_avx2
+    assert [lp.kind for lp in half] == [
+        tirx.ForKind.UNROLLED if unrolled else tirx.ForKind.SERIAL]
 
 
 def test_a_pointwise_depthwise_pair_is_no_chain() -> None:

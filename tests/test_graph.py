@@ -188,3 +188,7 @@ def test_pooling_windows_are_read_off_the_prim_func() -> None:
     assert op_class(avg) == op_class(mx) == "reduction"
     assert op_class(conv) == "contraction" and conv.geometry is not None
     assert _is_window(avg) and _is_window(mx)  # the 2x2 tiles and the same-size 3x3 too
+    # the last block reduces in a max pool and a conv; an average pool and a mean divide last
+    assert mx.ends_in_reduction and conv.ends_in_reduction
+    assert not avg.ends_in_reduction
+    assert not any(n.ends_in_reduction for n in by_kind["mean"] + by_kind["adaptive_avg_pool2d"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import tvm
 import tvm_ffi
@@ -84,3 +85,40 @@ def test_planned_kernels_get_the_rule_they_were_priced_as(name: str) -> None:
 @pytest.mark.parametrize("name", CORPUS)
 def test_corpus_kernels_at_full_shapes_get_their_rule(name: str) -> None:
     _check(name, small=False)
+
+
+def _squeeze_excite_conv(prologue: bool, bias: bool):
+    """A 1x1 conv on a 1x1 image (squeeze-excite's), with a SiLU before it and a bias after
+    it or not."""
+    from tvm import relax
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 24, 1, 1), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.multiply(x, relax.op.sigmoid(x))) if prologue else x
+            w = relax.const(rng.standard_normal((8, 24, 1, 1)).astype("float32"))
+            y = bb.emit(relax.op.nn.conv2d(h, w))
+            if bias:
+                b = relax.const(rng.standard_normal((1, 8, 1, 1)).astype("float32"))
+                y = bb.emit(relax.op.add(y, b))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("prologue", [False, True], ids=["plain", "silu_before"])
+@pytest.mark.parametrize("bias", [False, True], ids=["alone", "bias_after"])
+def test_untiled_conv_groups_get_the_rule_they_are_priced_as(prologue: bool, bias: bool) -> None:
+    """Every form of a squeeze-excite conv, the whole program as one group: with an epilogue
+    the row-reduction rule takes it; ending in the conv, the fallback."""
+    target = tvm.target.Target(TARGET)
+    mod = prepare(_squeeze_excite_conv(prologue, bias), target)
+    graph = build_graph(mod)
+    members = [n.name for n in graph.nodes if n.kind == "call_tir"]
+    features = group_features(graph, members)
+    with target:
+        rule, _ = first_rule(group_kernel(mod, graph, members), target)
+    card = features.card_on("cpu")
+    assert rule is not None and card.rule == type(rule).__name__, (members, card.cls, rule)
+    assert card.rule == ("RowReduction" if bias else "Fallback")

@@ -224,6 +224,32 @@ def test_refeature_keeps_the_rows_of_a_model_that_moved(tmp_path):
         json.loads(line) for line in before.splitlines()]
 
 
+def test_refeature_matches_rows_recorded_before_weight_folding(tmp_path):
+    """Rows recorded on the unfolded graph name members folding removes (``batch_norm``):
+    they are recomputed on the unfolded graph (before, ``KeyError: 'batch_norm'``); a row
+    whose members neither graph has is kept as it was and named."""
+    from tvm_costfuse.tuning.feedback import feature_row
+
+    unfolded = build_graph(prepare(models.load("conv_bn_relu", small=True)[0], fold=False))
+    groups = [["conv2d", "batch_norm", "bn"], ["relu"], ["no_such_member"]]
+    rows = []
+    for i, members in enumerate(groups):
+        known = [m for m in members if m in unfolded] or ["relu"]
+        row = {**feature_row("conv_bn_relu@small", unfolded, known), "members": members,
+               "run_secs": [1e-5], "error": None, "workload_hash": f"{i:016x}",
+               "measured": True}
+        row["context"] = {k: v for k, v in row["context"].items() if k != "ends_in_reduction"}
+        rows.append(row)
+    path = _write_log(tmp_path, rows)
+    recomputed, n_models, missing = refeature(tmp_path, "host")
+    assert (recomputed, n_models) == (2, 1)
+    assert list(missing) == ["conv_bn_relu@small: no_such_member"]
+    after = [json.loads(line) for line in path.read_bytes().splitlines()]
+    assert [r["members"] for r in after] == groups
+    assert all("ends_in_reduction" in r["context"] for r in after[:2])
+    assert "ends_in_reduction" not in after[2]["context"]
+
+
 def test_variant_names_split_only_their_own_suffix(monkeypatch):
     seen = []
     monkeypatch.setattr(models, "load", lambda name, small=False: seen.append((name, small)))

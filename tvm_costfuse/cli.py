@@ -335,8 +335,7 @@ def cmd_refeature(args: argparse.Namespace) -> int:
     rows, n_models, missing = refeature(args.work_dir, args.target)
     print(f"recomputed the features of {rows} rows of {n_models} models")
     for model, why in missing.items():
-        print(f"kept the rows of {model} as they were: it does not load ({why})",
-              file=sys.stderr)
+        print(f"kept the rows of {model} as they were ({why})", file=sys.stderr)
     return 0
 
 

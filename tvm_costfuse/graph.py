@@ -192,7 +192,7 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool]:
     written inside a block body (hand-written, opaque blocks) or a nested block counts once
     per outer iteration. Relax's legalized operators (every zoo model) have none. ``pow`` to
     a constant 2, 3 or 4 is free: ``fast_math`` makes it multiplies. A kernel written as
-    plain loops (no blocks) has no reduction the graph can see: (1, 0.0)."""
+    plain loops (no blocks) has no reduction the graph can see: (1, 0.0, False, False)."""
     if not isinstance(func.body, s_tir.SBlockRealize):
         return 1, 0.0, False, False
     best, calls, pool = 1, 0.0, False

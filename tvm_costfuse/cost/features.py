@@ -185,8 +185,8 @@ class GroupFeatures:
                 # Row-reduction rules schedule reductions over an axis; a pooling window
                 # fused with other ops falls back (measured: resnet18 with maxpool fused into
                 # BN + ReLU ran 1.25x slower on CPU). Alone, an average pool is the row
-                # rule's (its sum and its divide), a max pool the fallback's: priced as a
-                # row reduction either way (``docs/correctness.md``, known gaps).
+                # rule's (its sum and its divide); a max pool ends in its reduction, and
+                # the row-reduction card leaves it to the fallback's (``ends_in_reduction``).
                 return SC.FALLBACK
             return SC.REDUCTION if self.n_reductions else SC.ELEMENTWISE
         if self.n_contractions == 1 and self.n_reductions == 0:

@@ -331,28 +331,39 @@ def refeature(work_dir=None, target=None) -> tuple[int, int, dict[str, str]]:
     """Recompute the features of every recorded group from its model, keeping the timings.
 
     What to run when the feature schema grew (``GroupFeatures.from_row`` warns about rows
-    without the new fields): the models are rebuilt by name (``models.load_variant``). A model
-    that no longer loads (a file moved) keeps its rows as they were. Returns (rows recomputed,
-    models, {model that did not load: why}).
+    without the new fields): the models are rebuilt by name (``models.load_variant``), as the
+    planner sees them (weights folded) or, for rows recorded before folding (members such as
+    ``batch_norm`` that folding removes), unfolded. A model that no longer loads (a file
+    moved), or a row whose members neither graph has, keeps its rows as they were. Returns
+    (rows recomputed, models, {model or row that was kept: why}).
     """
     resolved = resolve(target or "host")
     db = GroupDatabase(work_dir or default_work_dir(resolved.tvm))
-    graphs: dict[str, OpGraph] = {}
+    graphs: dict[tuple[str, bool], OpGraph] = {}
     missing: dict[str, str] = {}
     rows, recomputed = [], 0
-    for row in db.rows():
-        model = row["model"]
-        if model not in graphs and model not in missing:
+
+    def graph_of(model: str, fold: bool) -> OpGraph | None:
+        if (model, fold) not in graphs and model not in missing:
             try:
-                graphs[model] = build_graph(prepare(models.load_variant(model)[0],
-                                                    resolved.tvm))
+                graphs[model, fold] = build_graph(prepare(models.load_variant(model)[0],
+                                                          resolved.tvm, fold=fold))
             except Exception as err:  # noqa: BLE001 -- its rows are kept; the caller says why
-                missing[model] = f"{type(err).__name__}: {headline(str(err))}"[:200]
-        if model in missing:
+                missing[model] = "it does not load: " + \
+                    f"{type(err).__name__}: {headline(str(err))}"[:200]
+        return graphs.get((model, fold))
+
+    for row in db.rows():
+        model, members = row["model"], row["members"]
+        graph = next((g for fold in (True, False) if (g := graph_of(model, fold)) is not None
+                      and all(m in g for m in members)), None)
+        if graph is None:
+            if model not in missing:
+                missing[f"{model}: {'+'.join(members)[:60]}"] = "members not in its graph"
             rows.append(row)
             continue
-        rows.append({**row, **feature_row(model, graphs[model], row["members"])})
+        rows.append({**row, **feature_row(model, graph, members)})
         recomputed += 1
     with db.writing(salvage=False):
         db.rewrite_rows(rows)
-    return recomputed, len(graphs), missing
+    return recomputed, len({m for m, _ in graphs}), missing
