@@ -246,9 +246,9 @@ def unroll_short_row(sch: s_tir.Schedule, plane, lanes: int) -> None:
     (``lab/chain_ab.py``; the standalone kernel, copying from a parameter, got shuffles).
     Unrolled, the SLP vectorizer loads the row as whole vectors and splits it with
     ``vpermps`` / ``vshufps``: the chain ran 1.33x (96 -> 576) and 1.49x (64 -> 384) faster
-    (znver4, 1 thread, one process; ``lab/chain_unroll_ab.py``). AVX2 has no scatter: there it
-    measured the same either way (0.98-1.00x). A row of 9 half-columns (a 5x5 window) unrolled stayed scalar, so other
-    lengths keep the loop."""
+    (znver4, 1 thread, one process; ``lab/chain_unroll_ab.py``). AVX2 has no scatter: there
+    it measured the same either way (0.98-1.00x). A row of 9 half-columns (a 5x5 window)
+    unrolled stayed scalar, so other lengths keep the loop."""
     half = sch.get_loops(plane)[-2]
     extent = int(sch.get(half).extent)
     if (2 * extent) % lanes == 0 and extent <= lanes:

@@ -263,13 +263,13 @@ def reciprocal_divisions(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def _claims_reduction(f, kind: str) -> bool:
     """Row reductions (softmax, norms, mean) with elementwise members, no contraction but an
     untiled one (below), no pooling window fused with other ops (row rules reduce over an
-    axis: resnet18 with its maxpool fused into BN + ReLU ran 1.25x slower on CPU). On CPU every block must sit on the
-    rows of the last one: a group that hands out a second tensor or transposes after its
-    reduction falls back (a reshape keeps the rows). Applying the rules to the 150 measured
-    reduction groups of the zoo and the synthetic programs: 49 fell back, 101 took the rule,
-    no disagreement (synth-0's ``mul + mul1 + square1 + mean1`` measured 2.6x slower fused
-    than its parts). The last block must write the row: a kernel that ends in its reduction
-    (a max pool or a sum alone) falls back."""
+    axis: resnet18 with its maxpool fused into BN + ReLU ran 1.25x slower on CPU). On CPU
+    every block must sit on the rows of the last one: a group that hands out a second tensor
+    or transposes after its reduction falls back (a reshape keeps the rows). Applying the
+    rules to the 150 measured reduction groups of the zoo and the synthetic programs: 49 fell
+    back, 101 took the rule, no disagreement (synth-0's ``mul + mul1 + square1 + mean1``
+    measured 2.6x slower fused than its parts). The last block must write the row: a kernel
+    that ends in its reduction (a max pool or a sum alone) falls back."""
     if kind == "cpu" and untiled_contraction(f) and f.schedule in (
             ScheduleClass.CONTRACTION, ScheduleClass.CONTRACTION_PROLOGUE):
         # a contraction the contraction rule cannot tile (squeeze-excite's 1x1 convs on a

@@ -213,7 +213,7 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool]:
         per_iter -= MATH_COST["pow"] * _integer_powers(block.body)
         calls += per_iter * iterations
         pool = pool or _is_pool(block)
-    ends = bool(blocks) and any(int(iv.iter_type) == 2 for iv in blocks[-1].iter_vars)
+    ends = bool(blocks) and any(iv.iter_type == _COMM_REDUCE for iv in blocks[-1].iter_vars)
     return best, calls, pool, ends
 
 

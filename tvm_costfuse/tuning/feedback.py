@@ -339,15 +339,18 @@ def refeature(work_dir=None, target=None) -> tuple[int, int, dict[str, str]]:
     """
     resolved = resolve(target or "host")
     db = GroupDatabase(work_dir or default_work_dir(resolved.tvm))
+    loaded: dict[str, tvm.IRModule] = {}
     graphs: dict[tuple[str, bool], OpGraph] = {}
     missing: dict[str, str] = {}
     rows, recomputed = [], 0
 
     def graph_of(model: str, fold: bool) -> OpGraph | None:
         if (model, fold) not in graphs and model not in missing:
-            try:
-                graphs[model, fold] = build_graph(prepare(models.load_variant(model)[0],
-                                                          resolved.tvm, fold=fold))
+            try:  # imported once, prepared folded and (where a row needs it) unfolded
+                if model not in loaded:
+                    loaded[model] = models.load_variant(model)[0]
+                graphs[model, fold] = build_graph(prepare(loaded[model], resolved.tvm,
+                                                          fold=fold))
             except Exception as err:  # noqa: BLE001 -- its rows are kept; the caller says why
                 missing[model] = "it does not load: " + \
                     f"{type(err).__name__}: {headline(str(err))}"[:200]
