@@ -1,19 +1,28 @@
-"""What schedules a kernel, per target kind: one record each, so that a model's build, the
+"""How a kernel is built, per target kind: one record each, so that a model's build, the
 feedback loop timing one kernel alone, and the check that each kernel got the rule its card
 names all choose the same way.
 
-- CPU (llvm): our rules (``cpu.rules()``, first that applies wins, as dlight's
-  ``ApplyDefaultSchedule``), constant weights packed around them, then :func:`finish_pass`;
-- CUDA: dlight's GPU rules in TVM's order, each guarded (``cuda.py``); nothing after them.
+- CPU (llvm): TVM's ``cpu_generic`` pass sequence; our rules (``cpu.rules()``, first that
+  applies wins, as dlight's ``ApplyDefaultSchedule``), constant weights packed around them,
+  then :func:`finish_pass`; an unscheduled kernel builds as plain loops;
+- CUDA: TVM's ``cuda`` pass sequence; dlight's GPU rules in TVM's order, each guarded
+  (``cuda.py``); nothing after them; a kernel without thread bindings does not build.
+
+A target kind without a record (``c``, ``rocm``...) is refused by :func:`backend` with a
+message naming it. The cost model's per-kind figures sit beside the formulas that read them
+(``cost/analytical.py``), the runners and register readers beside theirs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.relax.backend import cpu_generic as _cpu_relax
+from tvm.relax.backend import cuda as _cuda_relax
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
@@ -65,8 +74,14 @@ def _finish_cpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 @dataclass(frozen=True)
 class Backend:
-    """How kernels are scheduled on one target kind."""
+    """How kernels are built and scheduled on one target kind."""
 
+    #: which card column prices this kind's kernels (``Card.efficiency[...]``): cpu or cuda
+    name: str
+    #: TVM's relax backend for the kind (``legalize_passes``, ``finalize_passes``...)
+    relax: ModuleType
+    #: a kernel must be scheduled to build (thread bindings), so "no schedule" means ours
+    needs_schedule: bool
     #: the rules in policy order (first that applies wins)
     rules: Callable[[], list[dl.ScheduleRule]]
     #: the pass applying them to a whole module after FuseTIR
@@ -76,15 +91,19 @@ class Backend:
 
 
 _BACKENDS = {
-    "cpu": Backend(rules, schedule_pass, _finish_cpu),
-    "cuda": Backend(lambda: [cuda.GuardedRule(r) for r in cuda.gpu_rules()], cuda.schedule_pass,
+    "llvm": Backend("cpu", _cpu_relax.pipeline, False, rules, schedule_pass, _finish_cpu),
+    "cuda": Backend("cuda", _cuda_relax.pipeline, True,
+                    lambda: [cuda.GuardedRule(r) for r in cuda.gpu_rules()], cuda.schedule_pass,
                     lambda func: func),
 }
 
 
 def backend(target: Target) -> Backend:
-    """The :class:`Backend` of ``target``'s kind (any non-CUDA target is a CPU)."""
-    return _BACKENDS["cuda" if target.kind.name == "cuda" else "cpu"]
+    """The :class:`Backend` of ``target``'s kind; ValueError for a kind CostFuse has none for."""
+    kind = target.kind.name
+    if kind not in _BACKENDS:
+        raise ValueError(f"CostFuse supports {' and '.join(_BACKENDS)} targets, not {kind!r}")
+    return _BACKENDS[kind]
 
 
 def first_rule(func: tirx.PrimFunc, target: Target

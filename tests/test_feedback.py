@@ -14,15 +14,14 @@ from tvm.s_tir import meta_schedule as ms
 from tvm_costfuse.cost.features import FEATURE_NAMES
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.targets import for_target, host_target
-from tvm_costfuse.tuning import feedback
+from tvm_costfuse.tuning import feedback, runners
 from tvm_costfuse.records.database import FAILED_RUN_SECS, GroupDatabase
 from tvm_costfuse.tuning.feedback import (
     MeasureConfig,
-    build_and_time,
     candidate_groups,
     measure_model,
 )
-from tvm_costfuse.tuning.runners import check_rpc_tracker
+from tvm_costfuse.tuning.runners import build_and_time, check_rpc_tracker
 from tvm_costfuse.tuning.versions import KERNEL_SOURCES, digest, kernel_version
 
 GROUPS = [("matmul",), ("add",), ("matmul", "add")]
@@ -339,12 +338,12 @@ def test_untimed_cuda_groups_are_timed_once_a_gpu_is_there(tmp_path, monkeypatch
                              groups=GROUPS, prepared=True,
                              runner_fn=lambda *_a, **_k: result)
 
-    monkeypatch.setattr(feedback, "_gpu_present", lambda: False)
+    monkeypatch.setattr(runners, "_gpu_present", lambda: False)
     first = measure("m", untimed)
     assert (first.untimed, first.measured) == (3, 0)
     again = measure("m", untimed)
     assert again.skipped == 3  # still no GPU: nothing to redo
-    monkeypatch.setattr(feedback, "_gpu_present", lambda: True)
+    monkeypatch.setattr(runners, "_gpu_present", lambda: True)
     on_gpu = measure("m", timed)
     assert (on_gpu.measured, on_gpu.skipped) == (3, 0)
     other = measure("m2", untimed)

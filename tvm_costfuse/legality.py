@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .cost.analytical import registers
+from .cost.analytical import kind_model
 from .cost.features import GroupFeatures
 from .graph import OpGraph
 
@@ -58,8 +58,9 @@ def can_fuse(graph: OpGraph, members: Iterable[str], f: GroupFeatures, config, t
     caps = within_caps(f.n_ops, f.chain_length, config, f.n_args)
     if not caps:
         return caps
-    regs, _ = registers(f, target)
-    if target.kind == "cuda" and regs > config.register_budget:
+    model = kind_model(target)
+    regs, _ = model.registers(f, target)
+    if model.register_budget and regs > config.register_budget:
         return Verdict(
             False, f"~{regs} registers per thread > register_budget {config.register_budget}"
         )

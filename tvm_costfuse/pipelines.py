@@ -3,8 +3,8 @@
 TVM's backends run library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldConstant,
 **FuseOps**, FuseTIR, (on CUDA: dlight's ApplyDefaultSchedule,) dataflow lowering, finalize.
 :func:`build_pipeline` keeps every step, puts a given fusion pass in FuseOps' place and a given
-schedule pass after FuseTIR; it is the one place that chooses between the CPU and the CUDA
-backend. Ahead of them all it folds weight-only work (:mod:`.fold`: batch norms into
+schedule pass after FuseTIR; which backend's steps it takes is the target kind's record
+(:func:`~tvm_costfuse.schedules.backend`). Ahead of them all it folds weight-only work (:mod:`.fold`: batch norms into
 convolutions, summed convolution branches into one), for every fusion strategy alike, so that
 strategies still differ by fusion alone. :func:`prepare` runs exactly what the pipeline runs
 before the fusion slot, so the OpGraph that plans fusion sees the module FuseOps would see.
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.relax.backend.cpu_generic import pipeline as _cpu_backend
-from tvm.relax.backend.cuda import pipeline as _cuda_backend
 
 from .fold import FoldWeights
 from .schedules import backend as schedule_backend
@@ -25,20 +23,11 @@ from .transform import CostFuse
 _FUSION_STEPS = ("FuseOps", "FuseTIR")
 
 
-def _backend(target: tvm.target.Target):
-    kind = target.kind.name
-    if kind == "llvm":
-        return _cpu_backend
-    if kind == "cuda":
-        return _cuda_backend
-    raise ValueError(f"CostFuse supports llvm and cuda targets, not {kind!r}")
-
-
 def pre_fusion_passes(target: tvm.target.Target, fold: bool = True) -> list[tvm.transform.Pass]:
     """What runs before the fusion slot: our weight folding (``fold``), then what TVM runs
     before FuseOps: library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldConstant
     (FoldConstant folds constant weight transposes, which FuseOps never sees)."""
-    backend = _backend(target)
+    backend = schedule_backend(target).relax
     passes = []
     for p in backend.legalize_passes(target):
         if p.info.name in _FUSION_STEPS:
@@ -66,7 +55,6 @@ def fuse(mod: tvm.IRModule, target, fusion: tvm.transform.Pass,
 
 def default_schedule(target: tvm.target.Target) -> tvm.transform.Pass:
     """Our schedules for ``target``: the LLVM-CPU rules, or dlight's GPU rules guarded."""
-    _backend(target)  # a kind TVM has no pipeline for fails here, naming it
     return schedule_backend(target).schedule_pass(target)
 
 
@@ -79,14 +67,16 @@ def build_pipeline(
     """TVM's pipeline for ``target`` with ``fusion`` in FuseOps' place (None: fuse nothing),
     ``schedule`` right after FuseTIR, and (``fold``) weight folding first.
 
-    On llvm ``schedule=None`` leaves the kernels unscheduled; a CUDA kernel cannot build
-    without thread bindings, so there it means :func:`default_schedule`. The pass list is
+    On llvm ``schedule=None`` leaves the kernels unscheduled; where a kernel cannot build
+    without thread bindings (CUDA: the backend's ``needs_schedule``) it means
+    :func:`default_schedule`. The pass list is
     taken from TVM's backend module and edited by pass name, so it follows TVM.
     """
     target = compile_target(target)
-    backend = _backend(target)
-    if schedule is None and target.kind.name == "cuda":
-        schedule = default_schedule(target)
+    kind = schedule_backend(target)
+    backend = kind.relax
+    if schedule is None and kind.needs_schedule:
+        schedule = kind.schedule_pass(target)
     legalize = backend.legalize_passes(target)
     names = [p.info.name for p in legalize]
     if "FuseOps" not in names or "FuseTIR" not in names:

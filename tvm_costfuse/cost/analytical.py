@@ -17,7 +17,7 @@ from measurements (``tuning_logs/``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..schedules._common import MIN_PARALLEL_FMAS, MIN_PARALLEL_ITERS
@@ -36,7 +36,8 @@ from .features import GroupFeatures, OpWork
 # seconds, not FLOPs: a calibrated FMA peak says nothing about the polynomial's selects and
 # casts. CUDA: not measured on a GPU; 0 leaves its estimates as they were (what a GPU's
 # special-function units make of it is not known here).
-_MATH_CORE_SECONDS = {"cpu": 1.74e-9, "cuda": 0.0}
+_CPU_MATH_CORE_SECONDS = 1.74e-9
+_CUDA_MATH_CORE_SECONDS = 0.0
 # Memory and compute overlap well in streaming loops (hardware prefetch, warps hiding latency).
 _OVERLAP = 0.8
 # Registers a CUDA thread needs on top of its card's base: 2 per live value, ~1.2 per
@@ -87,12 +88,13 @@ def one_footing(estimates: Sequence[Estimate]) -> list[float]:
     return [e.breakdown.get("analytical", e.seconds) for e in estimates]
 
 
-def registers(f: GroupFeatures, target) -> tuple[int, int]:
-    """(registers per thread or vector registers per loop body, registers over the file)."""
-    if target.kind == "cuda":
-        base = f.card_on("cuda").cuda_registers
-        need = base + _CUDA_REGS_PER_LIVE * f.live_values + _CUDA_REGS_PER_ACC * f.accumulators
-        return int(need), max(0, int(need) - target.regs_per_thread)
+def _cuda_registers(f: GroupFeatures, target) -> tuple[int, int]:
+    base = f.card_on("cuda").cuda_registers
+    need = base + _CUDA_REGS_PER_LIVE * f.live_values + _CUDA_REGS_PER_ACC * f.accumulators
+    return int(need), max(0, int(need) - target.regs_per_thread)
+
+
+def _cpu_registers(f: GroupFeatures, target) -> tuple[int, int]:
     tile = int(_CPU_TILE_FRACTION * target.vector_regs) if f.card_on("cpu").register_tile else 0
     need = tile + f.live_values + f.accumulators
     return need, max(0, need - target.vector_regs)
@@ -116,23 +118,25 @@ def private_cache(target) -> tuple[int, float | None]:
     a last-level cache far larger than its share (480 MiB on a 2-vCPU rocketlake host, whose
     "L3" stream ran at DRAM speed, 13 against 83 GB/s in L2): every intermediate was priced
     at DRAM speed there, small kernels 2-3x too slow (docs/log/2026-12-01b.md)."""
-    if target.kind == "cuda" or not target.l2_bw or not target.l3_bytes:
+    if not kind_model(target).private_l2 or not target.l2_bw or not target.l3_bytes:
         return 0, None
     return target.l2_bytes * max(1, target.cores), target.l2_bw
 
 
-def _full_parallelism(dtype_bytes: int, target) -> int:
-    """Output elements that keep the whole machine busy."""
-    if target.kind == "cuda":
-        # Enough threads to fill every SM at half occupancy; fewer leave SMs idle.
-        return target.sm_count * target.max_threads_per_sm // 2
+def _cuda_full_parallelism(dtype_bytes: int, target) -> int:
+    """Enough threads to fill every SM at half occupancy; fewer leave SMs idle."""
+    return target.sm_count * target.max_threads_per_sm // 2
+
+
+def _cpu_full_parallelism(dtype_bytes: int, target) -> int:
+    """4 vectors per core keep the FMA pipes busy."""
     lanes = max(1, target.vector_bits // (8 * dtype_bytes))
-    return target.cores * lanes * 4  # 4 vectors per core keep the FMA pipes busy
+    return target.cores * lanes * 4
 
 
 def _parallel_efficiency(elems: int, dtype_bytes: int, target) -> float:
     """Share of the machine a loop over ``elems`` outputs keeps busy."""
-    return min(1.0, max(elems, 1) / _full_parallelism(dtype_bytes, target))
+    return min(1.0, max(elems, 1) / kind_model(target).full_parallelism(dtype_bytes, target))
 
 
 def _work(f: GroupFeatures) -> tuple[OpWork, ...]:
@@ -146,8 +150,14 @@ def launch_seconds(f: GroupFeatures, target, card: Card) -> float:
     parallelize pays dispatch only, and a kernel whose schedule leaves several nests (the
     fallback; a contraction with a streamed prologue or epilogue pass) pays the pool per nest,
     so fusing into it saves less than a whole launch."""
-    if target.kind == "cuda":
-        return target.launch_s
+    return kind_model(target).launch(f, target, card)
+
+
+def _cuda_launch(f: GroupFeatures, target, card: Card) -> float:
+    return target.launch_s
+
+
+def _cpu_launch(f: GroupFeatures, target, card: Card) -> float:
     serial = target.launch_s_serial if target.launch_s_serial is not None else target.launch_s
     # The thresholds our CPU rules parallelize at (below them a loop nest stays serial).
     parallel = any(w.flops / 2 >= MIN_PARALLEL_FMAS if w.contraction
@@ -157,14 +167,57 @@ def launch_seconds(f: GroupFeatures, target, card: Card) -> float:
     return serial + card.nests(f) * max(0.0, target.launch_s - serial)
 
 
+@dataclass(frozen=True)
+class KindModel:
+    """What the formulas take from the target's kind: one record per kind, so that no
+    formula asks which kind it prices."""
+
+    #: the cards' column (``Card.efficiency[...]``, ``Card.card_on(...)``)
+    card_column: str
+    #: seconds one core spends on one exp-equivalent of math library work
+    math_core_seconds: float
+    #: (registers a thread or loop body needs, registers over the file)
+    registers: Callable[[GroupFeatures, object], tuple[int, int]]
+    #: output elements that keep the whole machine busy
+    full_parallelism: Callable[[int, object], int]
+    #: the fixed cost of one kernel
+    launch: Callable[[GroupFeatures, object, Card], float]
+    #: the cores' own L2 serves what fits in it (a GPU's L2 is its last-level cache)
+    private_l2: bool
+    #: ``register_budget`` caps a group's registers (a GPU thread's; CPU tiles are fixed)
+    register_budget: bool
+    #: rates per block from the rule's tile geometry, and idle cores of a short tile grid
+    tiles_cores: bool
+
+
+_KIND_MODELS = {
+    "cpu": KindModel("cpu", _CPU_MATH_CORE_SECONDS, _cpu_registers, _cpu_full_parallelism,
+                     _cpu_launch, private_l2=True, register_budget=False, tiles_cores=True),
+    "cuda": KindModel("cuda", _CUDA_MATH_CORE_SECONDS, _cuda_registers,
+                      _cuda_full_parallelism, _cuda_launch, private_l2=False,
+                      register_budget=True, tiles_cores=False),
+}
+
+
+def kind_model(target) -> KindModel:
+    """The :class:`KindModel` of a target description's kind."""
+    return _KIND_MODELS[target.kind]
+
+
+def registers(f: GroupFeatures, target) -> tuple[int, int]:
+    """(registers per thread or vector registers per loop body, registers over the file)."""
+    return kind_model(target).registers(f, target)
+
+
 def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Estimate:
     """Analytical time of one kernel computing the group described by ``f`` on ``target``."""
     if f.is_view:  # TVM makes a lone reshape a view: no launch, nothing moves
         zero = {"launch": 0.0, "memory": 0.0, "compute": 0.0, "spill": 0.0}
         return Estimate(0.0, zero, 0, 0, confidence=0.5)
-    kind = "cuda" if target.kind == "cuda" else "cpu"
-    regs, over = registers(f, target)
-    if register_budget is not None and target.kind == "cuda":
+    model = kind_model(target)
+    kind = model.card_column
+    regs, over = model.registers(f, target)
+    if register_budget is not None and model.register_budget:
         over = max(over, regs - register_budget)
     llc_bytes, llc_bw = last_level_cache(target)
     l2_bytes, l2_bw = private_cache(target)
@@ -198,7 +251,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     # contraction's register tile; a CPU prologue streams in its own loop nest.
     rate, stream_rate = peak * card.efficiency[kind], peak * card.prologue_share(kind)
     contraction_rate = card.contraction_rate(kind, peak)
-    if kind == "cpu" and card.tiles_by_geometry:
+    if model.tiles_cores and card.tiles_by_geometry:
         lanes = max(1, target.vector_bits // (8 * f.dtype_bytes))
 
         def rate_of(w: OpWork) -> float:
@@ -211,14 +264,14 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     else:
         def rate_of(w: OpWork) -> float:
             return contraction_rate
-    math_seconds = _MATH_CORE_SECONDS[kind] / max(1, target.cores)
-    full = _full_parallelism(f.dtype_bytes, target)
+    math_seconds = model.math_core_seconds / max(1, target.cores)
+    full = model.full_parallelism(f.dtype_bytes, target)
     compute = sum([
         (w.flops / (rate_of(w) if w.contraction else stream_rate if w.in_prologue else rate)
          + w.math * math_seconds) / min(1.0, max(w.elems, 1) / full)
         for w in _work(f)
     ])
-    items = card.parallel_items(f) if kind == "cpu" else None
+    items = card.parallel_items(f) if model.tiles_cores else None
     if items is not None:  # a tiling with fewer parallel iterations than cores idles some
         cores = max(1, target.cores)
         compute /= items / (cores * -(-items // cores))
@@ -227,7 +280,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
             f.out_elems, f.dtype_bytes, target)
 
     body = max(memory, compute) + (1 - _OVERLAP) * min(memory, compute)
-    launch = launch_seconds(f, target, card)
+    launch = model.launch(f, target, card)
     seconds = launch + body + spill
     breakdown = {"launch": launch, "memory": memory, "compute": compute, "spill": spill}
     return Estimate(seconds, breakdown, regs, spill_bytes, confidence=0.5)

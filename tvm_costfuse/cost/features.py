@@ -199,7 +199,7 @@ class GroupFeatures:
         """The card of the kernel this group becomes on a target kind (``"cpu"``, ``"cuda"``):
         the first in ``schedules.catalog`` that claims it. Each card says why it claims what
         it claims, with the measurements behind it."""
-        key = "_card_cuda" if kind == "cuda" else "_card_cpu"
+        key = f"_card_{catalog.target_kind(kind)}"
         card = self.__dict__.get(key)
         if card is None:  # cached in the instance: asked once per estimate and per merge
             card = self.__dict__[key] = catalog.claim(self, kind)
@@ -208,7 +208,7 @@ class GroupFeatures:
     def priced_as(self, kind: str, card: Card) -> GroupFeatures:
         """These features with ``card`` as their kernel on a ``kind`` target, whatever the
         catalog claims (the plan's rule check found the kernel runs as that card's rule)."""
-        self.__dict__["_card_cuda" if kind == "cuda" else "_card_cpu"] = card
+        self.__dict__[f"_card_{catalog.target_kind(kind)}"] = card
         return self
 
     def schedule_on(self, kind: str) -> SC:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, fields
 from ..measurement.cuda_source import cuda_source, kernel_sources
 from ..measurement.registers import cpu_spill_report, find_nvcc, ptxas_report
 
-__all__ = ["CSV_FIELDS", "Cell", "KernelRegs", "cpu_regs", "cuda_regs", "is_shape_func"]
+__all__ = ["CSV_FIELDS", "Cell", "KernelRegs", "cpu_regs", "cuda_regs", "is_shape_func",
+           "kernel_regs"]
 
 # The host PrimFuncs Relax's VMShapeLower adds to a model with symbolic shapes (``shape_func``,
 # then ``shape_func1``... as names repeat): they compute the shapes at run time. The VM calls
@@ -86,3 +87,13 @@ def cpu_regs(ex) -> tuple[tuple[KernelRegs, ...], str]:
         return (), str(err)
     return tuple(KernelRegs(k, None, s.spill_bytes) for k, s in report.items()
                  if not is_shape_func(k)), ""
+
+
+# What each target kind's build says about its kernels' registers: ptxas per CUDA kernel,
+# spills counted in the CPU assembly.
+_REGS_BY_KIND = {"cuda": cuda_regs, "llvm": cpu_regs}
+
+
+def kernel_regs(ex, kind: str) -> tuple[tuple[KernelRegs, ...], str]:
+    """The register report of a module built for a TVM target of ``kind`` (``llvm``, ``cuda``)."""
+    return _REGS_BY_KIND[kind](ex)

@@ -41,7 +41,7 @@ from ..rules import rules_groups
 from ..strategies import split_strategy, strategy_pipeline
 from ..targets import Target, TargetDesc, resolve
 from ..transform import plan_module
-from .cells import Cell, cpu_regs, cuda_regs, is_shape_func
+from .cells import Cell, is_shape_func, kernel_regs
 from .explain import intermediate_bytes, kernels_of
 from .plots import plot_registers, plot_speedup
 from .tables import markdown_table, write_csv, write_kernels_csv
@@ -127,11 +127,8 @@ def _targets(names: Sequence[str], gpu: str, measure_cuda: bool | None) -> list[
         if name not in TARGETS:
             raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
         target = resolve(name, gpu=gpu)
-        if name == "llvm":
-            out.append(_Target(name, target, measured=True))
-            continue
-        present = bool(tvm.cuda().exist)
-        want = present if measure_cuda is None else measure_cuda
+        present = bool(target.device().exist)  # the host CPU always is
+        want = measure_cuda if measure_cuda is not None and target.kind == "cuda" else present
         note = "" if present or not want else "no GPU present: not measured"
         out.append(_Target(name, target, want and present, note))
     return out
@@ -219,7 +216,7 @@ def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> li
                                  relax_pipeline=_pipeline(s, t.target, groups))
             base = replace(base, compile_s=time.perf_counter() - start)
             stage = "registers"
-            regs, note = cuda_regs(ex) if t.name == "cuda" else cpu_regs(ex)
+            regs, note = kernel_regs(ex, t.target.kind)
             known = [r.registers for r in regs if r.registers is not None]
             base = replace(
                 base, kernel_regs=regs, built_kernels=len(regs) or None,

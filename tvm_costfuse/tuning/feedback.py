@@ -65,12 +65,10 @@ from ..schedules.prepack import mark_constant_weights
 from ..targets import resolve
 from .runners import (
     MeasureConfig,
-    _gpu_present,
     _Runner,
     build_and_profile_cuda,
-    build_and_time,
-    build_and_time_rpc,
     check_rpc_tracker,
+    runner_kind,
 )
 from .versions import kernel_version
 
@@ -223,7 +221,11 @@ def measure_model(
     target, target_desc = resolved.tvm, resolved.desc
     config = config or MeasureConfig()
     log = log or (lambda _msg: None)
-    if config.rpc_tracker is not None and target.kind.name != "cuda":
+    runners = runner_kind(target)
+    if config.rpc_tracker is not None:
+        if runners.rpc is None:
+            raise ValueError(f"the RPC runner times CPU kernels only; measure "
+                             f"{target.kind.name} kernels on their device's host")
         check_rpc_tracker(config.rpc_tracker)
     db = GroupDatabase(work_dir or default_work_dir(target))
     start = time.perf_counter()
@@ -235,13 +237,9 @@ def measure_model(
     if max_groups is not None:
         cands = cands[:max_groups]
     summary = MeasureSummary(model)
-    cuda = target.kind.name == "cuda"
     # On a GPU, groups recorded untimed (compiled where there was none) are measured now.
-    gpu = cuda and _gpu_present()
-    if cuda and config.rpc_tracker is not None:
-        raise ValueError("the RPC runner times CPU kernels only; measure CUDA on the GPU host")
-    default_fn = (build_and_profile_cuda if cuda else
-                  build_and_time_rpc if config.rpc_tracker is not None else build_and_time)
+    gpu = runners.times_untimed()
+    default_fn = runners.local if config.rpc_tracker is None else runners.rpc
     with db.writing(wait=wait, log=log):
         summary.repairs = list(db.repairs)
         _measure_all(db, model, graph, prep, marked, cands, target, config,

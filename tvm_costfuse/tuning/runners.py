@@ -18,8 +18,16 @@ import tvm
 
 from ..records.database import FAILED_RUN_SECS
 
-__all__ = ["MeasureConfig", "build_and_profile_cuda", "build_and_time", "build_and_time_rpc",
-           "build_and_time_together", "check_rpc_tracker"]
+__all__ = [
+    "MeasureConfig",
+    "RunnerKind",
+    "build_and_profile_cuda",
+    "build_and_time",
+    "build_and_time_rpc",
+    "build_and_time_together",
+    "check_rpc_tracker",
+    "runner_kind",
+]
 
 
 @dataclass(frozen=True)
@@ -111,10 +119,9 @@ def _compile_kernel(func_json: str, target_json: dict, n_out: int):
                 bb.emit_func_output(results[0] if calls == 1 else _relax.Tuple(results))
         target = _tvm.target.Target(target_json)
         mod = bb.get()
-        if target.kind.name == "cuda":
-            # The kernel is scheduled already: the pipeline's dlight rules skip it so marked.
-            mod["kernel"] = mod["kernel"].with_attr("tirx.is_scheduled", True)
-        # Fusing nothing, and on llvm no schedule pass either: the kernel comes scheduled.
+        # The kernel comes scheduled: a schedule pass the pipeline adds (CUDA's dlight rules,
+        # where a kernel needs one to build) skips it so marked. Fusing nothing.
+        mod["kernel"] = mod["kernel"].with_attr("tirx.is_scheduled", True)
         return _tvm.compile(mod, target, relax_pipeline=build_pipeline(target)), func
     except Exception as err:  # noqa: BLE001 -- any build error is a measured outcome
         raise RuntimeError(f"build: {type(err).__name__}: {err}") from None
@@ -314,6 +321,31 @@ def build_and_profile_cuda(func_json: str, target_json: dict, number: int, repea
 
 def _gpu_present() -> bool:
     return bool(tvm.cuda().exist)
+
+
+@dataclass(frozen=True)
+class RunnerKind:
+    """How one target kind's kernels are timed: here, over RPC (None: not offered), and
+    whether rows recorded untimed (compiled where no device was) can be timed now."""
+
+    local: Callable
+    rpc: Callable | None
+    times_untimed: Callable[[], bool]
+
+
+_RUNNER_KINDS = {
+    "llvm": RunnerKind(build_and_time, build_and_time_rpc, lambda: False),
+    "cuda": RunnerKind(build_and_profile_cuda, None, lambda: _gpu_present()),
+}
+
+
+def runner_kind(target: tvm.target.Target) -> RunnerKind:
+    """The :class:`RunnerKind` of ``target``'s kind; ValueError for a kind with none."""
+    kind = target.kind.name
+    if kind not in _RUNNER_KINDS:
+        raise ValueError(f"kernels are timed on {' and '.join(_RUNNER_KINDS)} targets, "
+                         f"not {kind!r}")
+    return _RUNNER_KINDS[kind]
 
 
 class _Runner:
