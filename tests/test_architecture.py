@@ -158,3 +158,24 @@ def test_every_package_folder_is_installed():
     folders = {".".join((PACKAGE, *p.parent.relative_to(ROOT / PACKAGE).parts))
                for p in (ROOT / PACKAGE).rglob("__init__.py")}
     assert folders <= listed, sorted(folders - listed)
+
+
+def test_each_target_kind_has_one_record_per_layer_and_others_are_refused_by_name():
+    import pytest
+    import tvm
+
+    from tvm_costfuse.cost.analytical import kind_model
+    from tvm_costfuse.pipelines import build_pipeline
+    from tvm_costfuse.schedules import backend
+    from tvm_costfuse.targets import resolve
+    from tvm_costfuse.tuning.runners import runner_kind
+
+    for spec, column in (("llvm", "cpu"), ("h100", "cuda")):
+        t = resolve(spec)
+        assert backend(t.tvm).name == kind_model(t.desc).card_column == column
+        assert backend(t.tvm).needs_schedule == (column == "cuda")
+        assert runner_kind(t.tvm).local is not None
+    other = tvm.target.Target("c")
+    for refuse in (backend, runner_kind, build_pipeline):
+        with pytest.raises(ValueError, match="not 'c'"):
+            refuse(other)

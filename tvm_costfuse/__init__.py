@@ -29,8 +29,9 @@ Where a newcomer adds things: a cost term goes in ``cost/analytical.py`` and the
 schema (``cost/features.py``), which the learned model reads; a kernel kind is a schedule rule
 in ``schedules/`` with its card beside it (``schedules/card.py``: which groups it claims, the
 numbers it is priced with), its class in ``schedules/classes.py`` and one line in
-``schedules/catalog.py``; a target is a preset in ``targets/desc.py``; a model or a frontend
-goes in ``models/``.
+``schedules/catalog.py``; a target is a preset in ``targets/desc.py``, a new target kind one
+record per layer (``schedules/backends.py``, ``cost/analytical.py``, ``tuning/runners.py``,
+``report/cells.py``; ``docs/architecture.md``); a model or a frontend goes in ``models/``.
 
 Importing the package registers the ``costfuse.*`` PassContext keys and the named pipeline
 ``"costfuse"``, registers the host calibration measured on first use (``targets.calibration``),

@@ -123,7 +123,7 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
         mod, example = model, dict(inputs or {})
     check_request(strategy, config, report, target, verify)
     resolved = resolve(target)
-    pipeline = strategy_pipeline(strategy, resolved.tvm, cost_target=resolved.desc, **config)
+    pipeline = strategy_pipeline(strategy, resolved, **config)
     with resolved.tvm:
         ex = tvm.compile(mod, target=resolved.tvm, relax_pipeline=pipeline)
     folder = os.path.dirname(os.path.abspath(output))

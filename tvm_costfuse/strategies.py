@@ -61,12 +61,12 @@ def fusion_pass(strategy: str, target: tvm.target.Target, **config) -> tvm.trans
     raise ValueError(f"unknown fusion strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
 
 
-def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None, fold: bool = True,
+def strategy_pipeline(strategy: str, target, fusion=None, fold: bool = True,
                       **config) -> tvm.transform.Pass:
-    """The relax pipeline that compiles a model with ``strategy`` for ``target``.
-
-    ``cost_target`` (a TargetDesc or preset name) is what CostFuse prices plans for; default the
-    description derived from ``target`` (a bare sm_90 target is priced as an H100).
+    """The relax pipeline that compiles a model with ``strategy`` for ``target``: anything
+    :func:`~tvm_costfuse.targets.for_pipeline` takes, which says what CostFuse prices plans for
+    too (a resolved :class:`~tvm_costfuse.targets.Target` or a description its own; a bare
+    sm_90 target is priced as an H100).
     ``fusion``: a pass to stand in the fusion slot instead of the strategy's own (e.g.
     ``ApplyPartition`` of a plan made beforehand, so what is built is what was reported).
     ``fold``: fold weight-only work first (:mod:`.fold`; every strategy but ``stock``).
@@ -80,5 +80,5 @@ def strategy_pipeline(strategy: str, target, cost_target=None, fusion=None, fold
         return relax.get_default_pipeline(target)
     # a preset name or a description keeps its own description ("h200"; its compile target
     # says only sm_90, which alone is priced as an H100): ``for_pipeline``
-    fusion = fusion or fusion_pass(strategy, cost_target or resolved, **config)
+    fusion = fusion or fusion_pass(strategy, resolved, **config)
     return scheduled_pipeline(target, fusion, fold)
