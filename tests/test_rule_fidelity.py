@@ -10,8 +10,9 @@ Full shapes for the zoo, the small variants of the decode steps, on a fixed AVX2
 (nothing here runs a kernel, so no host ISA is assumed). The plan's groups of one op count
 too: a lone max pool (its kernel ends in the reduction) is the fallback's, as is a 1x1 conv
 on a 1x1 image alone. Corpus CNNs at full shapes: two by default (squeeze-excite convs, pooling
-windows), every prefill model and decode step with ``COSTFUSE_CORPUS=full``. The small
-variants of the corpus still disagree on unit-size maps (``docs/correctness.md``, known gaps).
+windows), every prefill model and decode step with ``COSTFUSE_CORPUS=full``. Reductions over
+unit extents (a mean over a 1 x 1 map, a matmul with K = 1, a softmax over one element) are
+reductions to the rules (they keep their init) and so to the features.
 """
 
 from __future__ import annotations
@@ -49,9 +50,14 @@ def _has_blocks(func: tvm.tirx.PrimFunc) -> bool:
 
 
 def _check(name: str, small: bool) -> None:
+    _check_module(name, models.load(name, small=small)[0])
+
+
+def _check_module(name: str, program: tvm.IRModule):
+    """Plan ``program`` and check every kernel's rule against its card; returns the plan."""
     target = tvm.target.Target(TARGET)
     desc = resolve(target).desc
-    mod = prepare(models.load(name, small=small)[0], target)
+    mod = prepare(program, target)
     graph = build_graph(mod)
     plan = plan_module(mod, desc, FusionConfig(), compile_target=target)
     # the cards and the rules agree on their own: the plan's rule check declined nothing
@@ -75,6 +81,7 @@ def _check(name: str, small: bool) -> None:
                          f"by {type(rule).__name__ if rule else 'no rule'}")
     assert checked, f"{name}: no kernel checked"
     assert not wrong, f"{name}: " + "; ".join(wrong)
+    return plan
 
 
 @pytest.mark.parametrize("name", models.zoo.names() + DECODE_STEPS)
@@ -122,3 +129,53 @@ def test_untiled_conv_groups_get_the_rule_they_are_priced_as(prologue: bool, bia
     card = features.card_on("cpu")
     assert rule is not None and card.rule == type(rule).__name__, (members, card.cls, rule)
     assert card.rule == ("RowReduction" if bias else "Fallback")
+
+
+def _unit_program(kind: str) -> tvm.IRModule:
+    """A reduction whose reduced extents are all 1, with an epilogue: what the rules take as
+    a reduction (it keeps its init) though it reduces nothing."""
+    from tvm import relax
+    rng = np.random.default_rng(0)
+    shapes = {"mean_1x1": (1, 16, 1, 1), "matmul_k1": (32, 1), "softmax_1": (4, 8, 1),
+              "squeeze_excite_1x1": (1, 16, 1, 1)}
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shapes[kind], "float32"))
+    op = relax.op
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if kind == "matmul_k1":
+                w = relax.const(rng.standard_normal((1, 48)).astype("float32"))
+                y = bb.emit(op.nn.relu(bb.emit(op.matmul(x, w))))
+            elif kind == "softmax_1":
+                y = bb.emit(op.multiply(bb.emit(op.nn.softmax(x, -1)), relax.const(3.0)))
+            else:
+                y = bb.emit(op.mean(x, axis=[2, 3], keepdims=True))
+                if kind == "squeeze_excite_1x1":
+                    w = relax.const(rng.standard_normal((8, 16, 1, 1)).astype("float32"))
+                    y = bb.emit(op.nn.conv2d(y, w))
+                y = bb.emit(op.nn.relu(bb.emit(op.multiply(y, relax.const(2.0)))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("kind", ["mean_1x1", "matmul_k1", "softmax_1", "squeeze_excite_1x1"])
+def test_unit_extent_reductions_are_priced_as_the_reductions_the_rules_take(kind: str) -> None:
+    """The features called these elementwise and the row-reduction rule took them (or, fused
+    before a contraction, the fallback did): the plan was priced as another kernel. Built with
+    CostFuse they compute what the unfused program computes."""
+    from tvm import relax
+
+    from tvm_costfuse.strategies import strategy_pipeline
+    from tvm_costfuse.targets import host_target
+
+    program = _unit_program(kind)
+    _check_module(kind, program)
+    target = host_target()  # run here: this host's ISA
+    shape = [int(d) for d in program["main"].params[0].ty.shape]
+    data = tvm.runtime.tensor(np.random.default_rng(1).standard_normal(shape).astype("float32"))
+    outs = []
+    for strategy in ("none", "costfuse"):
+        ex = tvm.compile(program, target, relax_pipeline=strategy_pipeline(strategy, target))
+        outs.append(relax.VirtualMachine(ex, tvm.cpu())["main"](data).numpy())
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)

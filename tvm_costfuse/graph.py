@@ -97,6 +97,9 @@ class Node:
     pool: bool = False
     # The last block reduces (a max pool, a sum): alone, no row reduction to the CPU rule.
     ends_in_reduction: bool = False
+    # Some block reduces, if only over unit extents (a mean over a 1 x 1 map, a matmul with
+    # K = 1): it keeps its init, and the rules take it as a reduction (``is_spatial``).
+    reduces: bool = False
 
     @property
     def fusable(self) -> bool:
@@ -183,18 +186,19 @@ def _reads(expr) -> list:
     return found
 
 
-def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool]:
+def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool, bool]:
     """(largest product of reduction-axis extents over the PrimFunc's blocks, 1 if none; math
     work per invocation in exp-equivalents: each block's weighted calls times its
-    iterations; a pooling window among them (:func:`_is_pool`); the last one reducing).
+    iterations; a pooling window among them (:func:`_is_pool`); the last one reducing; any
+    one reducing, if only over unit extents).
 
     Limits: a block's iterations are the product of its iteration-variable extents, so a loop
     written inside a block body (hand-written, opaque blocks) or a nested block counts once
     per outer iteration. Relax's legalized operators (every zoo model) have none. ``pow`` to
     a constant 2, 3 or 4 is free: ``fast_math`` makes it multiplies. A kernel written as
-    plain loops (no blocks) has no reduction the graph can see: (1, 0.0, False, False)."""
+    plain loops (no blocks) has no reduction the graph can see: (1, 0.0, False, False, False)."""
     if not isinstance(func.body, s_tir.SBlockRealize):
-        return 1, 0.0, False, False
+        return 1, 0.0, False, False, False
     best, calls, pool = 1, 0.0, False
     # Every block below the body's (root) block, read from the IR: names need not be unique
     # in hand-written TIR (an inner block may be called "root" too), so no lookup by name.
@@ -213,8 +217,14 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool]:
         per_iter -= MATH_COST["pow"] * _integer_powers(block.body)
         calls += per_iter * iterations
         pool = pool or _is_pool(block)
-    ends = bool(blocks) and any(iv.iter_type == _COMM_REDUCE for iv in blocks[-1].iter_vars)
-    return best, calls, pool, ends
+    ends = bool(blocks) and _reduces(blocks[-1])
+    return best, calls, pool, ends, any(_reduces(b) for b in blocks)
+
+
+def _reduces(block) -> bool:
+    """A reduction, as the rules tell one (``schedules._common.is_spatial``): an init, or a
+    reduced iter var, whatever their extents."""
+    return block.init is not None or any(iv.iter_type == _COMM_REDUCE for iv in block.iter_vars)
 
 
 def _integer_powers(body) -> int:
@@ -226,22 +236,22 @@ def _integer_powers(body) -> int:
 
 
 def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, float,
-                                                       tuple | None, bool, bool]:
+                                                       tuple | None, bool, bool, bool]:
     """(pattern, FLOPs, reduction extent, math work in exp-equivalents, contraction
-    geometry, pooling window, last block reducing) of one PrimFunc. The geometry is read only
+    geometry, pooling window, last block reducing, any block reducing) of one PrimFunc. The geometry is read only
     where a reduction does at least one multiply-add per reduced element (the contraction
     test of ``cost.features.op_class``) and the block is no pooling window."""
     func = mod[gvar]
     attrs = func.attrs or {}
     pattern = OpPattern(int(attrs["op_pattern"])) if "op_pattern" in attrs else OpPattern.OPAQUE
     flops = float(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
-    red, math_work, pool, ends = _block_facts(func)
+    red, math_work, pool, ends, reduces = _block_facts(func)
     out = sum(math.prod(int(s) for s in buf.shape) if all(
         isinstance(s, tvm.tirx.IntImm) for s in buf.shape) else 0
         for buf in list(func.params)[-1:])
     geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
         and not pool else None
-    return pattern, flops, red, math_work, geometry, pool, ends
+    return pattern, flops, red, math_work, geometry, pool, ends, reduces
 
 
 def _has_reshape_pattern(func: tvm.tirx.PrimFunc) -> bool:
@@ -357,7 +367,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 and isinstance(value, relax.Call)
                 and value.op.same_as(_CALL_TIR)
             ):
-                pattern, flops, red, math, geometry, pool, ends = _prim_func_facts(
+                pattern, flops, red, math, geometry, pool, ends, reduces = _prim_func_facts(
                     mod, value.args[0])
                 why = (
                     f"its PrimFunc {value.args[0].name_hint!r} is opaque (op_pattern 8)"
@@ -369,7 +379,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
                             tuple(inputs), outputs, tuple(sizes), flops, in_bytes,
                             _nbytes(outputs), red, why, block_index, view, reshape_like,
-                            math, geometry, pool, ends)
+                            math, geometry, pool, ends, reduces)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,

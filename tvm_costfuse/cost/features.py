@@ -42,8 +42,8 @@ def op_class(node: Node) -> str:
         return "reduction"
     if node.reduction_extent > 1 and node.flops >= _MAC_RATIO * out * node.reduction_extent:
         return "contraction"
-    if node.reduction_extent > 1 or node.pattern == OpPattern.COMM_REDUCE:
-        return "reduction"
+    if node.reduction_extent > 1 or node.pattern == OpPattern.COMM_REDUCE or node.reduces:
+        return "reduction"  # over unit extents too: the rules see its init
     if node.pattern in (OpPattern.ELEMWISE, OpPattern.BROADCAST):
         return "elementwise"
     return "injective"
