@@ -16,19 +16,14 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 import tvm
-import tvm_ffi
-from tvm import relax, s_tir
+from tvm import relax
 
-from .schedules._common import uses
+from .kernel_facts import has_reshape_pattern, kernel_facts
 from .schedules.efficiency import Geometry
-from .schedules.efficiency import describe as contraction_geometry
-from .schedules.fast_math import is_integer_power
-from .schedules.math_calls import MATH_COST
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -92,7 +87,7 @@ class Node:
     # A contraction's block as the CPU rule sees it (``schedules.efficiency.describe``): what
     # the cost model reads the kernel's share of the FMA peak from. None for other ops.
     geometry: Geometry | None = None
-    # A pooling window (:func:`_is_pool`): a reduction over a window that slides or tiles
+    # A pooling window (``kernel_facts``): a reduction over a window that slides or tiles
     # along a spatial axis, with no product of two loaded values (max or average pooling).
     pool: bool = False
     # The last block reduces (a max pool, a sum): alone, no row reduction to the CPU rule.
@@ -154,112 +149,6 @@ def _tensor_infos(ty) -> tuple[TensorInfo, ...]:
 
 def _nbytes(infos) -> int:
     return sum(i.nbytes or 0 for i in infos)
-
-
-_CALL = re.compile(r"\bT\.([a-z0-9_]+)\(")
-_DATA_PAR, _COMM_REDUCE = tvm.tirx.IterVar.DataPar, tvm.tirx.IterVar.CommReduce
-
-
-def _is_pool(block) -> bool:
-    """A reduction block that reads a window: some index joins a reduced var with a spatial
-    one (``y * 2 + ry``), and no product of two loaded values is accumulated (a convolution's
-    is). For a sum the spatial var must have an extent above 1: a global (adaptive) average
-    pool joins vars of extent 1 and is a row reduction to the rules; a max pool is a window
-    to them whatever its output size. A row reduction indexes its reduced vars alone."""
-    if isinstance(getattr(block.body, "value", None), tvm.tirx.Max):
-        spatial = [iv.var for iv in block.iter_vars if iv.iter_type == _DATA_PAR]
-    else:
-        spatial = [iv.var for iv in block.iter_vars if iv.iter_type == _DATA_PAR and not (
-            isinstance(iv.dom.extent, tvm.tirx.IntImm) and int(iv.dom.extent) == 1)]
-    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == _COMM_REDUCE]
-    if not any(uses(i, r) and any(uses(i, v) for v in spatial)
-               for ld in _reads(block.body) for i in ld.indices for r in reduce):
-        return False
-    products = []
-    tvm_ffi.structural_walk(block.body, (tvm.tirx.Mul, products.append))
-    return not any(_reads(m.a) and _reads(m.b) for m in products)
-
-
-def _reads(expr) -> list:
-    found: list = []
-    tvm_ffi.structural_walk(expr, (tvm.ir.expr.TensorLoad, found.append))
-    return found
-
-
-def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool, bool]:
-    """(largest product of reduction-axis extents over the PrimFunc's blocks, 1 if none; math
-    work per invocation in exp-equivalents: each block's weighted calls times its
-    iterations; a pooling window among them (:func:`_is_pool`); the last one reducing; any
-    one reducing, if only over unit extents).
-
-    Limits: a block's iterations are the product of its iteration-variable extents, so a loop
-    written inside a block body (hand-written, opaque blocks) or a nested block counts once
-    per outer iteration. Relax's legalized operators (every zoo model) have none. ``pow`` to
-    a constant 2, 3 or 4 is free: ``fast_math`` makes it multiplies. A kernel written as
-    plain loops (no blocks) has no reduction the graph can see: (1, 0.0, False, False, False)."""
-    if not isinstance(func.body, s_tir.SBlockRealize):
-        return 1, 0.0, False, False, False
-    best, calls, pool = 1, 0.0, False
-    # Every block below the body's (root) block, read from the IR: names need not be unique
-    # in hand-written TIR (an inner block may be called "root" too), so no lookup by name.
-    root = func.body.block
-    blocks: list = []
-    tvm_ffi.structural_walk(root.body, (s_tir.SBlock, blocks.append))
-    for block in blocks:
-        extent = iterations = 1
-        for iv in block.iter_vars:
-            n = int(iv.dom.extent) if isinstance(iv.dom.extent, tvm.tirx.IntImm) else 1
-            iterations *= n
-            if int(iv.iter_type) == 2:  # CommReduce
-                extent *= n
-        best = max(best, extent)
-        per_iter = sum(MATH_COST.get(name, 0.0) for name in _CALL.findall(str(block.body)))
-        per_iter -= MATH_COST["pow"] * _integer_powers(block.body)
-        calls += per_iter * iterations
-        pool = pool or _is_pool(block)
-    ends = bool(blocks) and _reduces(blocks[-1])
-    return best, calls, pool, ends, any(_reduces(b) for b in blocks)
-
-
-def _reduces(block) -> bool:
-    """A reduction, as the rules tell one (``schedules._common.is_spatial``): an init, or a
-    reduced iter var, whatever their extents."""
-    return block.init is not None or any(iv.iter_type == _COMM_REDUCE for iv in block.iter_vars)
-
-
-def _integer_powers(body) -> int:
-    """How many ``pow`` calls in ``body`` ``fast_math`` turns into multiplies."""
-    found = []
-    tvm_ffi.structural_walk(body, (tvm.ir.expr.Call,
-                                   lambda c: found.append(is_integer_power(c))))
-    return sum(found)
-
-
-def _prim_func_facts(mod: tvm.IRModule, gvar) -> tuple[OpPattern, float, int, float,
-                                                       tuple | None, bool, bool, bool]:
-    """(pattern, FLOPs, reduction extent, math work in exp-equivalents, contraction
-    geometry, pooling window, last block reducing, any block reducing) of one PrimFunc. The geometry is read only
-    where a reduction does at least one multiply-add per reduced element (the contraction
-    test of ``cost.features.op_class``) and the block is no pooling window."""
-    func = mod[gvar]
-    attrs = func.attrs or {}
-    pattern = OpPattern(int(attrs["op_pattern"])) if "op_pattern" in attrs else OpPattern.OPAQUE
-    flops = float(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
-    red, math_work, pool, ends, reduces = _block_facts(func)
-    out = sum(math.prod(int(s) for s in buf.shape) if all(
-        isinstance(s, tvm.tirx.IntImm) for s in buf.shape) else 0
-        for buf in list(func.params)[-1:])
-    geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
-        and not pool else None
-    return pattern, flops, red, math_work, geometry, pool, ends, reduces
-
-
-def _has_reshape_pattern(func: tvm.tirx.PrimFunc) -> bool:
-    """TVM's ``has_reshape_pattern``, which requires a block-structured PrimFunc: a kernel
-    written as plain loops (no blocks) is no reshape to it, and it fails on one."""
-    if not isinstance(func.body, s_tir.SBlockRealize):
-        return False
-    return bool(relax.analysis.has_reshape_pattern(func))
 
 
 def _leaves(expr) -> list:
@@ -367,19 +256,23 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                 and isinstance(value, relax.Call)
                 and value.op.same_as(_CALL_TIR)
             ):
-                pattern, flops, red, math, geometry, pool, ends, reduces = _prim_func_facts(
-                    mod, value.args[0])
+                func = mod[value.args[0]]
+                attrs = func.attrs or {}
+                pattern = (OpPattern(int(attrs["op_pattern"])) if "op_pattern" in attrs
+                           else OpPattern.OPAQUE)
+                k = kernel_facts(func)
                 why = (
                     f"its PrimFunc {value.args[0].name_hint!r} is opaque (op_pattern 8)"
                     if pattern == OpPattern.OPAQUE
                     else None
                 )
-                reshape_like = _has_reshape_pattern(mod[value.args[0]])
+                reshape_like = has_reshape_pattern(func)
                 view = reshape_like and isinstance(binding.var, relax.DataflowVar)
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
-                            tuple(inputs), outputs, tuple(sizes), flops, in_bytes,
-                            _nbytes(outputs), red, why, block_index, view, reshape_like,
-                            math, geometry, pool, ends, reduces)
+                            tuple(inputs), outputs, tuple(sizes), k.flops, in_bytes,
+                            _nbytes(outputs), k.reduction_extent, why, block_index, view,
+                            reshape_like, k.math, k.geometry, k.pool, k.ends_in_reduction,
+                            k.reduces)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,
