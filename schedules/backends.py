@@ -76,8 +76,6 @@ def _finish_cpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
 class Backend:
     """How kernels are built and scheduled on one target kind."""
 
-    #: which card column prices this kind's kernels (``Card.efficiency[...]``): cpu or cuda
-    name: str
     #: TVM's relax backend for the kind (``legalize_passes``, ``finalize_passes``...)
     relax: ModuleType
     #: a kernel must be scheduled to build (thread bindings), so "no schedule" means ours
@@ -91,8 +89,8 @@ class Backend:
 
 
 _BACKENDS = {
-    "llvm": Backend("cpu", _cpu_relax.pipeline, False, rules, schedule_pass, _finish_cpu),
-    "cuda": Backend("cuda", _cuda_relax.pipeline, True,
+    "llvm": Backend(_cpu_relax.pipeline, False, rules, schedule_pass, _finish_cpu),
+    "cuda": Backend(_cuda_relax.pipeline, True,
                     lambda: [cuda.GuardedRule(r) for r in cuda.gpu_rules()], cuda.schedule_pass,
                     lambda func: func),
 }

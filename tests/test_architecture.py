@@ -172,7 +172,7 @@ def test_each_target_kind_has_one_record_per_layer_and_others_are_refused_by_nam
 
     for spec, column in (("llvm", "cpu"), ("h100", "cuda")):
         t = resolve(spec)
-        assert backend(t.tvm).name == kind_model(t.desc).card_column == column
+        assert kind_model(t.desc).card_column == column
         assert backend(t.tvm).needs_schedule == (column == "cuda")
         assert runner_kind(t.tvm).local is not None
     other = tvm.target.Target("c")

@@ -161,9 +161,10 @@ def _unit_program(kind: str) -> tvm.IRModule:
 
 @pytest.mark.parametrize("kind", ["mean_1x1", "matmul_k1", "softmax_1", "squeeze_excite_1x1"])
 def test_unit_extent_reductions_are_priced_as_the_reductions_the_rules_take(kind: str) -> None:
-    """The features called these elementwise and the row-reduction rule took them (or, fused
-    before a contraction, the fallback did): the plan was priced as another kernel. Built with
-    CostFuse they compute what the unfused program computes."""
+    """TVM's op pattern calls these elementwise, the rules take them as reductions (a lone one
+    the row-reduction rule, one before a contraction the fallback): the features must say
+    reduction too, or the plan prices another kernel than runs. Built with CostFuse they
+    compute what the unfused program computes."""
     from tvm import relax
 
     from tvm_costfuse.strategies import strategy_pipeline

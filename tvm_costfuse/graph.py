@@ -92,8 +92,9 @@ class Node:
     pool: bool = False
     # The last block reduces (a max pool, a sum): alone, no row reduction to the CPU rule.
     ends_in_reduction: bool = False
-    # Some block reduces, if only over unit extents (a mean over a 1 x 1 map, a matmul with
-    # K = 1): it keeps its init, and the rules take it as a reduction (``is_spatial``).
+    # Some block reduces, whatever its extents: unit ones (a mean over a 1 x 1 map, a matmul
+    # with K = 1) keep their init, and the rules take it as a reduction (``is_spatial``);
+    # symbolic ones, which ``reduction_extent`` counts as 1, reduce all the same.
     reduces: bool = False
 
     @property

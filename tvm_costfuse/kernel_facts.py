@@ -57,7 +57,7 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool, bool]
     """(largest product of reduction-axis extents over the PrimFunc's blocks, 1 if none; math
     work per invocation in exp-equivalents: each block's weighted calls times its
     iterations; a pooling window among them (:func:`_is_pool`); the last one reducing; any
-    one reducing, if only over unit extents).
+    one reducing, whatever its extents: unit or symbolic).
 
     Limits: a block's iterations are the product of its iteration-variable extents, so a loop
     written inside a block body (hand-written, opaque blocks) or a nested block counts once
@@ -90,7 +90,8 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool, bool]
 
 def _reduces(block) -> bool:
     """A reduction, as the rules tell one (``schedules._common.is_spatial``): an init, or a
-    reduced iter var, whatever their extents."""
+    reduced iter var, whatever their extents. The last block of a kernel counts the same way
+    for ``ends_in_reduction``."""
     return block.init is not None or any(iv.iter_type == _COMM_REDUCE for iv in block.iter_vars)
 
 
@@ -117,7 +118,7 @@ class KernelFacts:
     pool: bool
     #: the last block reduces (a max pool, a sum)
     ends_in_reduction: bool
-    #: some block reduces, if only over unit extents
+    #: some block reduces, whatever its extents (unit or symbolic)
     reduces: bool
 
 

@@ -60,7 +60,7 @@ def can_fuse(graph: OpGraph, members: Iterable[str], f: GroupFeatures, config, t
         return caps
     model = kind_model(target)
     regs, _ = model.registers(f, target)
-    if model.register_budget and regs > config.register_budget:
+    if model.caps_registers and regs > config.register_budget:
         return Verdict(
             False, f"~{regs} registers per thread > register_budget {config.register_budget}"
         )

@@ -3,11 +3,12 @@
 TVM's backends run library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldConstant,
 **FuseOps**, FuseTIR, (on CUDA: dlight's ApplyDefaultSchedule,) dataflow lowering, finalize.
 :func:`build_pipeline` keeps every step, puts a given fusion pass in FuseOps' place and a given
-schedule pass after FuseTIR; which backend's steps it takes is the target kind's record
-(:func:`~tvm_costfuse.schedules.backend`). Ahead of them all it folds weight-only work (:mod:`.fold`: batch norms into
-convolutions, summed convolution branches into one), for every fusion strategy alike, so that
-strategies still differ by fusion alone. :func:`prepare` runs exactly what the pipeline runs
-before the fusion slot, so the OpGraph that plans fusion sees the module FuseOps would see.
+schedule pass after FuseTIR; which backend's steps it takes is the target kind's
+record (:func:`~tvm_costfuse.schedules.backend`). Ahead of them all it folds weight-only work
+(:mod:`.fold`: batch norms into convolutions, summed convolution branches into one), for every
+fusion strategy alike, so that strategies still differ by fusion alone. :func:`prepare` runs
+exactly what the pipeline runs before the fusion slot, so the OpGraph that plans fusion sees
+the module FuseOps would see.
 """
 
 from __future__ import annotations
@@ -73,10 +74,10 @@ def build_pipeline(
     taken from TVM's backend module and edited by pass name, so it follows TVM.
     """
     target = compile_target(target)
-    kind = schedule_backend(target)
-    backend = kind.relax
-    if schedule is None and kind.needs_schedule:
-        schedule = kind.schedule_pass(target)
+    record = schedule_backend(target)
+    backend = record.relax
+    if schedule is None and record.needs_schedule:
+        schedule = record.schedule_pass(target)
     legalize = backend.legalize_passes(target)
     names = [p.info.name for p in legalize]
     if "FuseOps" not in names or "FuseTIR" not in names:

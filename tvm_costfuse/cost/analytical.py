@@ -184,23 +184,27 @@ class KindModel:
     launch: Callable[[GroupFeatures, object, Card], float]
     #: the cores' own L2 serves what fits in it (a GPU's L2 is its last-level cache)
     private_l2: bool
-    #: ``register_budget`` caps a group's registers (a GPU thread's; CPU tiles are fixed)
-    register_budget: bool
+    #: ``FusionConfig.register_budget`` caps a group's registers (a GPU thread's; CPU register
+    #: tiles are fixed by the rules)
+    caps_registers: bool
     #: rates per block from the rule's tile geometry, and idle cores of a short tile grid
     tiles_cores: bool
 
 
 _KIND_MODELS = {
     "cpu": KindModel("cpu", _CPU_MATH_CORE_SECONDS, _cpu_registers, _cpu_full_parallelism,
-                     _cpu_launch, private_l2=True, register_budget=False, tiles_cores=True),
+                     _cpu_launch, private_l2=True, caps_registers=False, tiles_cores=True),
     "cuda": KindModel("cuda", _CUDA_MATH_CORE_SECONDS, _cuda_registers,
                       _cuda_full_parallelism, _cuda_launch, private_l2=False,
-                      register_budget=True, tiles_cores=False),
+                      caps_registers=True, tiles_cores=False),
 }
 
 
 def kind_model(target) -> KindModel:
-    """The :class:`KindModel` of a target description's kind."""
+    """The :class:`KindModel` of a target description's kind; ValueError for a kind with none."""
+    if target.kind not in _KIND_MODELS:
+        raise ValueError(f"the cost model prices {' and '.join(_KIND_MODELS)} targets, "
+                         f"not {target.kind!r}")
     return _KIND_MODELS[target.kind]
 
 
@@ -217,7 +221,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     model = kind_model(target)
     kind = model.card_column
     regs, over = model.registers(f, target)
-    if register_budget is not None and model.register_budget:
+    if register_budget is not None and model.caps_registers:
         over = max(over, regs - register_budget)
     llc_bytes, llc_bw = last_level_cache(target)
     l2_bytes, l2_bw = private_cache(target)

@@ -96,4 +96,7 @@ _REGS_BY_KIND = {"cuda": cuda_regs, "llvm": cpu_regs}
 
 def kernel_regs(ex, kind: str) -> tuple[tuple[KernelRegs, ...], str]:
     """The register report of a module built for a TVM target of ``kind`` (``llvm``, ``cuda``)."""
+    if kind not in _REGS_BY_KIND:
+        raise ValueError(f"registers are read for {' and '.join(_REGS_BY_KIND)} builds, "
+                         f"not {kind!r}")
     return _REGS_BY_KIND[kind](ex)

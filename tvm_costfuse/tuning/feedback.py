@@ -200,8 +200,8 @@ def measure_model(
     max_groups : int, optional
         Stop after this many candidates (budget cap).
     runner_fn : callable, optional
-        Replaces :func:`build_and_time` (tests inject failures with it; needs isolate=False
-        unless importable by the worker).
+        Replaces the target kind's runner, local or RPC (``runners.runner_kind``; tests inject
+        failures with it; needs isolate=False unless importable by the worker).
     wait : bool
         Another session writing ``work_dir``: wait for it (else ``DatabaseLocked``).
 
@@ -221,9 +221,9 @@ def measure_model(
     target, target_desc = resolved.tvm, resolved.desc
     config = config or MeasureConfig()
     log = log or (lambda _msg: None)
-    runners = runner_kind(target)
+    timing = runner_kind(target)
     if config.rpc_tracker is not None:
-        if runners.rpc is None:
+        if timing.rpc is None:
             raise ValueError(f"the RPC runner times CPU kernels only; measure "
                              f"{target.kind.name} kernels on their device's host")
         check_rpc_tracker(config.rpc_tracker)
@@ -238,8 +238,8 @@ def measure_model(
         cands = cands[:max_groups]
     summary = MeasureSummary(model)
     # On a GPU, groups recorded untimed (compiled where there was none) are measured now.
-    gpu = runners.times_untimed()
-    default_fn = runners.local if config.rpc_tracker is None else runners.rpc
+    gpu = timing.times_untimed()
+    default_fn = timing.local if config.rpc_tracker is None else timing.rpc
     with db.writing(wait=wait, log=log):
         summary.repairs = list(db.repairs)
         _measure_all(db, model, graph, prep, marked, cands, target, config,
