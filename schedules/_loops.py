@@ -222,8 +222,38 @@ def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) ->
         lead.append(loop)
     for ext in extents:
         work = work * ext if (ext is not None and work is not None) else None
+    if _window_rows(sch, block, lead, loops, kinds, extents, target):
+        lead = lead[:-1]
     if lead:
         parallelize(sch, lead, work if work is not None else MIN_PARALLEL_ITERS)
+
+
+# A reduction this short per output (a pooling window: 3 x 3, 7 x 7) is unrolled, and its
+# output row is kept as a serial loop below the parallel one.
+_WINDOW_ITERS = 64
+
+
+def _window_rows(sch, block, lead, loops, kinds, extents, target) -> bool:
+    """Whether ``block`` reduces a short window per output (at most :data:`_WINDOW_ITERS`
+    iterations, all inner) with enough outer rows to keep every core busy; then its window is
+    unrolled and its last spatial loop stays serial, out of the fused parallel loop.
+
+    Fused into one parallel loop, every output recomputes its coordinates with 64-bit
+    divisions and runs a rolled 3 x 3 loop: a 3 x 3 stride-2 max pool over 64 x 111 x 111
+    took 787 us at 1 thread, 173 us with the row serial and the window unrolled (znver4;
+    0.11-0.26x the time on four pool shapes, ``docs/log/2026-12-06e.md``)."""
+    window = extents[len(lead):]
+    if len(lead) < 2 or not window or any(k != "R" for k in kinds[len(lead):]):
+        return False
+    iters, rows = _product(window), _product(extents[:len(lead) - 1])
+    if iters is None or rows is None or iters > _WINDOW_ITERS:
+        return False
+    if rows < PARALLEL_CHUNKS_PER_CORE * num_cores(target):
+        return False
+    for loop, ext in zip(loops[len(lead):], window):
+        if ext > 1:
+            sch.unroll(loop)
+    return True
 
 
 def split_loops(sch: s_tir.Schedule, block: SBlockRV, col: tirx.Var, row: tirx.Var | None):

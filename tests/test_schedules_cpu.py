@@ -644,3 +644,27 @@ def test_the_catalog_lists_every_rules_cards_in_the_rules_order():
             assert kind in card.efficiency and features.schedule_on(kind) == card.cls
             claimed.add(card.cls)
     assert len(claimed) >= 4, claimed
+
+
+@pytest.mark.parametrize("stride, ceil", [(2, True), (1, False)], ids=["s2_ceil", "s1_pad"])
+def test_pooling_window_unrolled_under_a_parallel_row_loop(stride: int, ceil: bool):
+    # fused into one parallel loop, every output recomputed its coordinates with 64-bit
+    # divisions and ran a rolled window; the output row stays serial below the parallel loop
+    x = relax.Var("x", relax.TensorType((1, 16, 23, 23), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(OP.nn.max_pool2d(x, (3, 3), (stride, stride),
+                                         padding=(0,) * 4 if ceil else (1,) * 4,
+                                         ceil_mode=ceil))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    [func] = [f for f in relax.transform.LegalizeOps()(mod).functions.values()
+              if isinstance(f, tirx.PrimFunc)]
+    scheduled = _scheduled(Fallback(), func)
+    loops = _loops(scheduled)
+    rows = 11 if stride == 2 else 23
+    assert [int(lp.extent) for lp in loops if lp.kind == tirx.ForKind.PARALLEL] == [16 * rows]
+    assert sum(lp.kind == tirx.ForKind.UNROLLED for lp in loops) == 2  # the 3 x 3 window
+    _check_numerics(mod, {"x": _RNG.standard_normal((1, 16, 23, 23)).astype("float32")})
