@@ -229,7 +229,7 @@ def schedule_root_block(sch: s_tir.Schedule, block: SBlockRV, target: Target) ->
 
 
 # A reduction this short per output (a pooling window: 3 x 3, 7 x 7) is unrolled, and its
-# output row is kept as a serial loop below the parallel one.
+# last spatial loop (the output column in NCHW) is kept serial below the parallel one.
 _WINDOW_ITERS = 64
 
 
@@ -240,8 +240,9 @@ def _window_rows(sch, block, lead, loops, kinds, extents, target) -> bool:
 
     Fused into one parallel loop, every output recomputes its coordinates with 64-bit
     divisions and runs a rolled 3 x 3 loop: a 3 x 3 stride-2 max pool over 64 x 111 x 111
-    took 787 us at 1 thread, 173 us with the row serial and the window unrolled (znver4;
-    0.11-0.26x the time on four pool shapes, ``docs/log/2026-12-06e.md``)."""
+    took 787 us at 1 thread, 88 us with the last loop serial and the window unrolled (znver4;
+    0.10-0.46x the time on four pool shapes, ``docs/log/2026-12-06e.md``). Too few rows
+    above that loop for the cores, and the outputs stay one fused parallel loop."""
     window = extents[len(lead):]
     if len(lead) < 2 or not window or any(k != "R" for k in kinds[len(lead):]):
         return False

@@ -649,7 +649,8 @@ def test_the_catalog_lists_every_rules_cards_in_the_rules_order():
 @pytest.mark.parametrize("stride, ceil", [(2, True), (1, False)], ids=["s2_ceil", "s1_pad"])
 def test_pooling_window_unrolled_under_a_parallel_row_loop(stride: int, ceil: bool):
     # fused into one parallel loop, every output recomputed its coordinates with 64-bit
-    # divisions and ran a rolled window; the output row stays serial below the parallel loop
+    # divisions and ran a rolled window; the last spatial loop (the output column) stays
+    # serial below the parallel loop
     x = relax.Var("x", relax.TensorType((1, 16, 23, 23), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
@@ -668,3 +669,19 @@ def test_pooling_window_unrolled_under_a_parallel_row_loop(stride: int, ceil: bo
     assert [int(lp.extent) for lp in loops if lp.kind == tirx.ForKind.PARALLEL] == [16 * rows]
     assert sum(lp.kind == tirx.ForKind.UNROLLED for lp in loops) == 2  # the 3 x 3 window
     _check_numerics(mod, {"x": _RNG.standard_normal((1, 16, 23, 23)).astype("float32")})
+
+
+def test_pooling_window_with_too_few_rows_stays_one_parallel_loop():
+    # 2 channels x 2 output rows are too few parallel chunks for the cores: the outputs stay
+    # fused into one parallel loop, the window rolled
+    x = relax.Var("x", relax.TensorType((1, 2, 5, 5), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(OP.nn.max_pool2d(x, (3, 3), (2, 2))))
+        bb.emit_func_output(out)
+    [func] = [f for f in relax.transform.LegalizeOps()(bb.get()).functions.values()
+              if isinstance(f, tirx.PrimFunc)]
+    loops = _loops(_scheduled(Fallback(), func))
+    assert tirx.ForKind.UNROLLED not in {lp.kind for lp in loops}
+    assert [int(lp.extent) for lp in loops] == [2 * 2 * 2, 3, 3]  # the outputs fused, a window
