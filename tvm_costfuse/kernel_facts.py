@@ -15,7 +15,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir
 
-from .schedules._common import uses
+from .schedules._common import is_spatial, uses
 from .schedules.efficiency import Geometry
 from .schedules.efficiency import describe as contraction_geometry
 from .schedules.fast_math import is_integer_power
@@ -84,15 +84,9 @@ def _block_facts(func: tvm.tirx.PrimFunc) -> tuple[int, float, bool, bool, bool]
         per_iter -= MATH_COST["pow"] * _integer_powers(block.body)
         calls += per_iter * iterations
         pool = pool or _is_pool(block)
-    ends = bool(blocks) and _reduces(blocks[-1])
-    return best, calls, pool, ends, any(_reduces(b) for b in blocks)
-
-
-def _reduces(block) -> bool:
-    """A reduction, as the rules tell one (``schedules._common.is_spatial``): an init, or a
-    reduced iter var, whatever their extents. The last block of a kernel counts the same way
-    for ``ends_in_reduction``."""
-    return block.init is not None or any(iv.iter_type == _COMM_REDUCE for iv in block.iter_vars)
+    # a reduction as the rules tell one: an init or a reduced iter, whatever the extents
+    ends = bool(blocks) and not is_spatial(blocks[-1])
+    return best, calls, pool, ends, any(not is_spatial(b) for b in blocks)
 
 
 def _integer_powers(body) -> int:
