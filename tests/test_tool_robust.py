@@ -250,6 +250,39 @@ def test_refeature_matches_rows_recorded_before_weight_folding(tmp_path):
     assert "ends_in_reduction" not in after[2]["context"]
 
 
+def test_refeature_recomputes_the_folded_rows_when_the_unfolded_graph_fails(tmp_path,
+                                                                            monkeypatch):
+    """A model whose unfolded graph does not build still recomputes the rows its folded graph
+    holds; only the rows that needed the unfolded graph are kept, each named with both causes.
+    Before, the first such row marked the whole model as not loading."""
+    from tvm_costfuse.tuning import feedback
+    from tvm_costfuse.tuning.feedback import feature_row
+
+    folded = build_graph(prepare(models.load("conv_bn_relu", small=True)[0]))
+    groups = [["relu"], ["batch_norm"], ["conv2d", "bn"]]
+    rows = []
+    for i, members in enumerate(groups):
+        row = {**feature_row("conv_bn_relu@small", folded, [m for m in members if m in folded]
+                             or ["relu"]), "members": members,
+               "run_secs": [1e-5], "error": None, "workload_hash": f"{i:016x}",
+               "measured": True}
+        rows.append(row)
+    _write_log(tmp_path, rows)
+
+    def prepare_folded_only(mod, target=None, fold=True):
+        if not fold:
+            raise ValueError("unfolded import broke")
+        return prepare(mod, target, fold=fold)
+
+    monkeypatch.setattr(feedback, "prepare", prepare_folded_only)
+    recomputed, n_models, missing = refeature(tmp_path, "host")
+    assert (recomputed, n_models) == (2, 1)
+    assert list(missing) == ["conv_bn_relu@small: batch_norm"]
+    why = missing["conv_bn_relu@small: batch_norm"]
+    assert "members not in its graph" in why and "unfolded graph does not build" in why
+    assert "unfolded import broke" in why
+
+
 def test_variant_names_split_only_their_own_suffix(monkeypatch):
     seen = []
     monkeypatch.setattr(models, "load", lambda name, small=False: seen.append((name, small)))

@@ -339,28 +339,42 @@ def refeature(work_dir=None, target=None) -> tuple[int, int, dict[str, str]]:
     db = GroupDatabase(work_dir or default_work_dir(resolved.tvm))
     loaded: dict[str, tvm.IRModule] = {}
     graphs: dict[tuple[str, bool], OpGraph] = {}
+    # why a model (key ``(model, None)``) or one of its graphs (``(model, fold)``) is not there:
+    # an unfolded graph that fails must not hide the rows the folded one recomputes
+    failed: dict[tuple[str, bool | None], str] = {}
     missing: dict[str, str] = {}
     rows, recomputed = [], 0
 
     def graph_of(model: str, fold: bool) -> OpGraph | None:
-        if (model, fold) not in graphs and model not in missing:
-            try:  # imported once, prepared folded and (where a row needs it) unfolded
-                if model not in loaded:
-                    loaded[model] = models.load_variant(model)[0]
-                graphs[model, fold] = build_graph(prepare(loaded[model], resolved.tvm,
-                                                          fold=fold))
-            except Exception as err:  # noqa: BLE001 -- its rows are kept; the caller says why
-                missing[model] = "it does not load: " + \
-                    f"{type(err).__name__}: {headline(str(err))}"[:200]
-        return graphs.get((model, fold))
+        key = (model, fold)
+        if key in graphs or key in failed or (model, None) in failed:
+            return graphs.get(key)
+        try:  # imported once, prepared folded and (where a row needs it) unfolded
+            if model not in loaded:
+                loaded[model] = models.load_variant(model)[0]
+        except Exception as err:  # noqa: BLE001 -- its rows are kept; the caller says why
+            failed[model, None] = "it does not load: " + \
+                f"{type(err).__name__}: {headline(str(err))}"[:200]
+            return None
+        try:
+            graphs[key] = build_graph(prepare(loaded[model], resolved.tvm, fold=fold))
+        except Exception as err:  # noqa: BLE001 -- as above
+            failed[key] = f"its {'folded' if fold else 'unfolded'} graph does not build: " + \
+                f"{type(err).__name__}: {headline(str(err))}"[:200]
+        return graphs.get(key)
 
     for row in db.rows():
         model, members = row["model"], row["members"]
         graph = next((g for fold in (True, False) if (g := graph_of(model, fold)) is not None
                       and all(m in g for m in members)), None)
         if graph is None:
-            if model not in missing:
-                missing[f"{model}: {'+'.join(members)[:60]}"] = "members not in its graph"
+            if (model, None) in failed:
+                missing[model] = failed[model, None]
+            else:
+                why = "; ".join(["members not in its graph",
+                                 *(failed[model, f] for f in (True, False)
+                                   if (model, f) in failed)])
+                missing[f"{model}: {'+'.join(members)[:60]}"] = why
             rows.append(row)
             continue
         rows.append({**row, **feature_row(model, graph, members)})
