@@ -123,19 +123,22 @@ def count_loads(node, buffer) -> int:
     return count
 
 
-def selects_loads(node) -> bool:
+def selects_loads(node, both: bool = False) -> bool:
     """Whether ``node`` picks between loads with ``if_then_else`` (a concat): vectorized, a
-    lane-varying condition makes every branch's load and a blend per vector."""
+    lane-varying condition makes every branch's load and a blend per vector. ``both``: only
+    where both branches load (a concat, not a pad's guard against a constant)."""
     found = False
 
     def _visit(call):
         nonlocal found
         op = getattr(call, "op", None)
         if op is not None and short_name(getattr(op, "name", "")) == "if_then_else":
-            loads = []
+            loading = []
             for arg in call.args[1:]:
+                loads = []
                 tvm_ffi.structural_walk(arg, (tvm.ir.expr.TensorLoad, loads.append))
-            found = found or bool(loads)
+                loading.append(bool(loads))
+            found = found or (all(loading) if both else any(loading))
 
     tvm_ffi.structural_walk(node, (tvm.ir.expr.Call, _visit), order="post")
     return found
@@ -146,13 +149,52 @@ def _inline_recomputes(producer, consumers) -> bool:
     loads (:func:`selects_loads`), more than once per element.
 
     Then the intermediate is cheaper in memory (or, under a row loop, in cache) than recomputed:
-    ``x * x`` of a tanh/exp chain, softmax's exp read by both the sum and the division, or the
-    concat a layer norm reads in each of its three passes (swin's patch merging).
+    ``x * x`` of a tanh/exp chain, softmax's exp read by both the sum and the division, the
+    concat a layer norm reads in each of its three passes (swin's patch merging), or the concat
+    a max pool reads through overlapping windows (:func:`window_rereads`: inlined, squeezenet's
+    128 x 55 x 55 concat + 3 x 3 / 2 pool ran as scalar selects, 286-330 us against 85 for the
+    copy and the pool apart; znver4, 1 thread).
     """
-    if not (has_costly_call(producer.body) or selects_loads(producer.body)):
+    costly = has_costly_call(producer.body)
+    if not (costly or selects_loads(producer.body)):
         return False
     out = producer.writes[0].source
-    return sum(count_loads(c.body, out) for c in consumers) > 1
+    if sum(count_loads(c.body, out) for c in consumers) > 1:
+        return True
+    # a pad's guard (a load or a constant) is cheap to repeat per tap; a concat's is not
+    return (costly or selects_loads(producer.body, both=True)) and any(
+        window_rereads(c, out) for c in consumers)
+
+
+def _linear_coefficient(expr, var) -> int | None:
+    """``c`` of ``expr = c * var + (terms without var)``; None where that is not its form."""
+    from .conv_shape import _coefficient  # conv_shape's roles read this module's helpers
+
+    return _coefficient(expr, var)
+
+
+def window_rereads(consumer: tirx.SBlock, buffer) -> bool:
+    """Whether the reduction ``consumer`` reads one element of ``buffer`` from several outputs:
+    an index ``y * s + r`` whose reduction var ``r`` takes more values than the stride ``s``
+    (a 3 x 3 / 2 pooling window, a convolution's taps), so each element is read about
+    ``taps / s`` times per axis."""
+    spatial = [iv.var for iv in consumer.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    taps = {iv.var: int(iv.dom.extent) for iv in consumer.iter_vars
+            if iv.iter_type == tirx.IterVar.CommReduce and isinstance(iv.dom.extent, tirx.IntImm)}
+    loads: list = []
+    tvm_ffi.structural_walk(consumer.body, (tvm.ir.expr.TensorLoad, loads.append), order="post")
+    for load in loads:
+        if not load.source.same_as(buffer):
+            continue
+        for index in load.indices:
+            for r, extent in taps.items():
+                if extent < 2 or not _linear_coefficient(index, r):
+                    continue
+                for v in spatial:
+                    stride = _linear_coefficient(index, v)
+                    if stride and extent > abs(stride):
+                        return True
+    return False
 
 
 def covers_output(consumer: tirx.SBlock, producer: tirx.SBlock) -> bool:
