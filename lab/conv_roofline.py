@@ -18,7 +18,7 @@ from fusion_bound import _kernel_seconds
 
 from tvm_costfuse.models import corpus
 from tvm_costfuse.pipelines import fuse
-from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
+from tvm_costfuse.strategies import fusion_pass, strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target
 
 
@@ -51,7 +51,8 @@ def main() -> None:
     tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
     mod, inputs, _ = corpus.load(args.model, small=args.small)
     shapes = _shapes(fuse(mod, target, fusion_pass(args.strategy, target)))
-    ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(args.strategy, target))
+    ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(args.strategy, target),
+                     tir_pipeline=tir_pipeline(args.strategy))
     per = _kernel_seconds(ex, inputs, args.runs)
     total = sum(per.values())
     rows = []

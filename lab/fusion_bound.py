@@ -43,7 +43,7 @@ from tvm_costfuse.cost.features import op_class
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.measurement.timing import geomean, interleaved_medians, kernel_calls
 from tvm_costfuse.pipelines import prepare
-from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host, host_target
 
 
@@ -128,7 +128,8 @@ def main() -> None:
     for name in args.models or models.zoo.names():
         mod, inputs = models.load(name)
         builds = {(s, i): tvm.compile(mod, target=target,
-                                      relax_pipeline=strategy_pipeline(s, target))
+                                      relax_pipeline=strategy_pipeline(s, target),
+                                      tir_pipeline=tir_pipeline())
                   for s in ("tvm", "costfuse", "none") for i in range(args.builds)}
         per_build = interleaved_medians(builds, inputs, repeat=args.repeat)
         t = {s: float(np.median([v for (k, _), v in per_build.items() if k == s]))

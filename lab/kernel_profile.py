@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from fusion_bound import _kernel_seconds, _wall
 
 from tvm_costfuse.models import corpus
-from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target
 
 
@@ -41,7 +41,8 @@ def main() -> None:
     target = host_target(args.threads)
     tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
     mod, inputs, _ = corpus.load(args.model, small=args.small)
-    ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(args.strategy, target))
+    ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(args.strategy, target),
+                     tir_pipeline=tir_pipeline(args.strategy))
     per_symbol = _kernel_seconds(ex, inputs, args.runs)
     kinds: Counter[str] = Counter()
     count: Counter[str] = Counter()

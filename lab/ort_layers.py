@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from tvm_costfuse.report.bench import workload
-from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target
 
 
@@ -98,7 +98,8 @@ def main() -> None:
     tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
     w = workload(args.model)
     target = host_target(args.threads)
-    ex = tvm.compile(w.mod, target, relax_pipeline=strategy_pipeline(args.strategy, target))
+    ex = tvm.compile(w.mod, target, relax_pipeline=strategy_pipeline(args.strategy, target),
+                     tir_pipeline=tir_pipeline(args.strategy))
     ours = our_calls(ex, w.inputs, args.runs)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "m.onnx")

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tvm_costfuse.measurement.peers import thread_pool as _thread_pool  # noqa: E402
 from tvm_costfuse.measurement.peers import with_threads as _with_threads  # noqa: E402
 
-from tvm_costfuse import host_target, strategy_pipeline  # noqa: E402
+from tvm_costfuse import host_target, strategy_pipeline, tir_pipeline  # noqa: E402
 from tvm_costfuse.measurement.quiet import OtherLoad  # noqa: E402
 from tvm_costfuse.measurement.timing import interleave, run, vm_sampler  # noqa: E402
 from tvm_costfuse.models import corpus  # noqa: E402
@@ -69,7 +69,8 @@ def main() -> None:
         for label, strategy in (("old", "costfuse"), ("new", "costfuse"), ("tvm", "tvm")):
             def build():
                 return tvm.compile(mod, target=target,
-                                   relax_pipeline=strategy_pipeline(strategy, target))
+                                   relax_pipeline=strategy_pipeline(strategy, target),
+                                   tir_pipeline=tir_pipeline())
             if label == "old":
                 with overridden(settings):
                     ex = build()

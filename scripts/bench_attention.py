@@ -25,6 +25,7 @@ from tvm_costfuse import build_graph
 from tvm_costfuse.measurement.timing import call_sampler, interleave, run, vm_sampler
 from tvm_costfuse.partition import ApplyPartition
 from tvm_costfuse.pipelines import build_pipeline
+from tvm_costfuse.strategies import tir_pipeline
 from tvm_costfuse.targets import host_target
 from tvm_costfuse.testing import attention_program
 
@@ -37,7 +38,7 @@ def _builds(mod, target):
 
     def build(groups):
         return tvm.compile(mod, target, relax_pipeline=build_pipeline(
-            target, ApplyPartition(groups), schedule_pass(target)))
+            target, ApplyPartition(groups), schedule_pass(target)), tir_pipeline=tir_pipeline())
 
     return build([calls]), build(split)
 

@@ -35,7 +35,7 @@ from tvm_costfuse.measurement.timing import (
     run,
     vm_sampler,
 )
-from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline
+from tvm_costfuse.strategies import STRATEGIES, strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target
 
 try:
@@ -100,7 +100,7 @@ def main() -> None:
     times: dict[str, list[float]] = {c: [] for c in columns}
     for name in names:
         mod, inputs = models.load(name, small=args.small)
-        built = {k: [tvm.compile(mod, target=target, relax_pipeline=p)
+        built = {k: [tvm.compile(mod, target=target, relax_pipeline=p, tir_pipeline=tir_pipeline(k))
                      for _ in range(args.builds)] for k, p in pipelines.items()}
         ref = run(built[columns[0]][0], inputs)
         err = max(max_mismatch(ref, run(ex, inputs)) for exs in built.values() for ex in exs)

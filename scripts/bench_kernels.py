@@ -40,7 +40,7 @@ import tvm
 from tvm import relax
 
 from tvm_costfuse.measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
-from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target, isa
 
 
@@ -314,7 +314,8 @@ def main() -> None:
             continue  # PyTorch is the conv reference
         build = conv_module if isinstance(case, Conv) else relax_module
         mod, inputs, ref, arrays = build(case, rng)
-        ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
+        ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target),
+                         tir_pipeline=tir_pipeline())
         got = run(ex, inputs)[0]
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
         samplers[(case.name, "tvm")] = vm_sampler(ex, inputs)

@@ -236,7 +236,7 @@ def report(cases: list[MemCase], corpus: list[tuple], target, threads: int, repe
         run,
         vm_sampler,
     )
-    from tvm_costfuse.strategies import strategy_pipeline
+    from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
     from tvm_costfuse.targets import isa
 
     lanes = isa.vector_bits(target) // 32
@@ -244,7 +244,8 @@ def report(cases: list[MemCase], corpus: list[tuple], target, threads: int, repe
     rows, samplers = [], {}
     for case in cases:
         mod, inputs, arrays, torch_call = build_case(case, rng)
-        ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
+        ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target),
+                         tir_pipeline=tir_pipeline())
         got, ref = run(ex, inputs), torch_call()
         ref = [ref.numpy()]
         np.testing.assert_allclose(got[0], ref[0], rtol=1e-3, atol=1e-4 * np.abs(ref[0]).max())
@@ -253,7 +254,7 @@ def report(cases: list[MemCase], corpus: list[tuple], target, threads: int, repe
         samplers[(case.name, "torch")] = call_sampler(torch_call)
     pipeline = strategy_pipeline("none", target)  # the kernel as fused, no further fusion
     for name, kind, mod, inputs in corpus:
-        ex = tvm.compile(mod, target, relax_pipeline=pipeline)
+        ex = tvm.compile(mod, target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline())
         outs = run(ex, inputs)
         rows.append((name, kind, 1, case_bytes(list(inputs.values()), outs)))
         samplers[(name, "tvm")] = vm_sampler(ex, inputs)

@@ -17,7 +17,7 @@ import tvm
 from tvm_costfuse.measurement.timing import run
 from tvm_costfuse.models import load_torch
 from tvm_costfuse.models.corpus_vision import import_torchvision
-from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target
 
 
@@ -44,7 +44,8 @@ def main() -> None:
             want = net(x).numpy()
         mod, inputs = load_torch(net, (x,))
         for strategy in ("none", "tvm", "costfuse"):
-            ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(strategy, target))
+            ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(strategy, target),
+                             tir_pipeline=tir_pipeline(strategy))
             got = run(ex, inputs)[0]
             err = float(np.abs(got - want).max() / np.abs(want).max())
             print(f"{name:<20} {strategy:<9} {err:.2e}", flush=True)

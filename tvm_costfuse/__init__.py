@@ -33,8 +33,9 @@ numbers it is priced with), its class in ``schedules/classes.py`` and one line i
 record per layer (``schedules/backends.py``, ``cost/analytical.py``, ``tuning/runners.py``,
 ``report/cells.py``; ``docs/architecture.md``); a model or a frontend goes in ``models/``.
 
-Importing the package registers the ``costfuse.*`` PassContext keys and the named pipeline
-``"costfuse"``, registers the host calibration measured on first use (``targets.calibration``),
+Importing the package registers the ``costfuse.*`` PassContext keys, the named relax pipeline
+``"costfuse"`` and the TIR pipeline of that name (``tir_pipeline=``: the kernels' register tiles
+on the stack, ``schedules/lowering.py``), registers the host calibration measured on first use (``targets.calibration``),
 and sizes TVM's runtime thread pool like the targets it compiles for (below).
 """
 
@@ -56,12 +57,13 @@ from .models import load_exported, load_onnx, load_torch
 from .partition import ApplyPartition, PartitionError, apply_partition, fuseops_groups
 from .pipelines import build_pipeline, pipeline, prepare, register_named_pipeline
 from .planner import FusionPlan, plan_exact, plan_greedy
-from .strategies import strategy_pipeline
+from .strategies import strategy_pipeline, tir_pipeline
 from .targets import Target, host_target, resolve
 from .transform import CostFuse
 
 register_config_keys()
 register_named_pipeline()
+tir_pipeline()  # registers the TIR pipeline "costfuse" (schedules/lowering.py)
 
 __all__ = [
     "ApplyPartition",
@@ -86,4 +88,5 @@ __all__ = [
     "prepare",
     "resolve",
     "strategy_pipeline",
+    "tir_pipeline",
 ]

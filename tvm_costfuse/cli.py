@@ -29,7 +29,7 @@ from .partition import fuseops_groups
 from .pipelines import prepare
 from .records.database import headline
 from .records.integrity import DatabaseLocked, exclusive
-from .strategies import STRATEGIES, strategy_pipeline
+from .strategies import STRATEGIES, strategy_pipeline, tir_pipeline
 from .targets import host_target, resolve
 
 
@@ -66,7 +66,8 @@ def _demo(spec: str, small: bool, repeat: int) -> None:
     executables, compile_s, kernels = {}, {}, {}
     for name in STRATEGIES:
         start = time.perf_counter()
-        executables[name] = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(name, target))
+        executables[name] = tvm.compile(mod, target, relax_pipeline=strategy_pipeline(name, target),
+                                        tir_pipeline=tir_pipeline(name))
         compile_s[name] = time.perf_counter() - start
     reference = run(executables["none"], inputs)
     for name, ex in executables.items():

@@ -22,7 +22,7 @@ from . import models
 from .config import PREFIX, FusionConfig
 from .measurement.timing import build, run, scaled_error
 from .report.cells import is_shape_func
-from .strategies import STRATEGIES, VARIANTS, split_strategy, strategy_pipeline
+from .strategies import STRATEGIES, VARIANTS, split_strategy, strategy_pipeline, tir_pipeline
 from .targets import host_target, resolve
 
 __all__ = ["check_request", "compile_model", "parse_config", "runs_here",
@@ -125,7 +125,8 @@ def compile_model(model: str | tvm.IRModule, output: str, target="host",
     resolved = resolve(target)
     pipeline = strategy_pipeline(strategy, resolved, **config)
     with resolved.tvm:
-        ex = tvm.compile(mod, target=resolved.tvm, relax_pipeline=pipeline)
+        ex = tvm.compile(mod, target=resolved.tvm, relax_pipeline=pipeline,
+                         tir_pipeline=tir_pipeline(strategy))
     folder = os.path.dirname(os.path.abspath(output))
     os.makedirs(folder, exist_ok=True)
     ex.export_library(output)

@@ -117,7 +117,8 @@ def pipeline(target: tvm.target.Target | str | None = None, fold: bool = True,
     """TVM's pipeline for ``target`` with CostFuse in FuseOps' place and our schedules after
     FuseTIR: LLVM-CPU rules on llvm, dlight's GPU rules on cuda.
 
-    Use as ``tvm.compile(mod, target, relax_pipeline=tvm_costfuse.pipeline(target))``.
+    Use as ``tvm.compile(mod, target, relax_pipeline=tvm_costfuse.pipeline(target),
+    tir_pipeline="costfuse")`` (the TIR pipeline: ``schedules/lowering.py``).
     ``config`` takes CostFuse's arguments (``max_chain_length=...``); PassContext
     ``costfuse.*`` keys apply to what is not given. ``target`` is anything
     :func:`~tvm_costfuse.targets.resolve` takes (``"h100"``, ``"host"``, a tvm Target, a

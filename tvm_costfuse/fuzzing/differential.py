@@ -27,7 +27,7 @@ from ..graph import OpGraph, build_graph
 from ..measurement.timing import SCALED_TOLERANCE, build, run, scaled_error
 from ..partition import apply_partition
 from ..pipelines import prepare, scheduled_pipeline
-from ..strategies import fusion_pass
+from ..strategies import fusion_pass, tir_pipeline
 from ..targets import host_target
 from .programs import Draws, Program
 
@@ -232,7 +232,8 @@ def check(program: Program, case: Case, draws: Draws,
     try:
         with _rules_raising() as raised:
             ex = tvm.compile(mod, target=target,
-                             relax_pipeline=scheduled_pipeline(target, fusion))
+                             relax_pipeline=scheduled_pipeline(target, fusion),
+                             tir_pipeline=tir_pipeline())
     except Exception as err:  # any build failure is a finding: say what was built
         first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
         raise BuildFailure(f"{case}: build failed: {first}; {program.describe()}") from err

@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..pipelines import build_pipeline
+from ..schedules.lowering import TIR_PIPELINE, register_tir_pipeline
 
 
 def build(
@@ -28,8 +29,10 @@ def build(
     """Compile ``mod`` with TVM's pipeline, ``fusion`` in place of FuseOps (None: no fusion),
     weight-only work folded first unless ``fold=False``."""
     target = tvm.target.Target(target)
+    register_tir_pipeline()  # the kernels' register tiles on the stack (schedules/lowering.py)
     return tvm.compile(mod, target=target,
-                       relax_pipeline=build_pipeline(target, fusion, schedule, fold))
+                       relax_pipeline=build_pipeline(target, fusion, schedule, fold),
+                       tir_pipeline=TIR_PIPELINE)
 
 
 def _flatten(value) -> list[np.ndarray]:

@@ -50,7 +50,7 @@ from ..measurement.timing import (
     scaled_error,
     vm_sampler,
 )
-from ..strategies import strategy_pipeline
+from ..strategies import strategy_pipeline, tir_pipeline
 from ..targets import host_target
 from .cells import is_shape_func
 
@@ -148,7 +148,8 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
     if ref is None:  # no PyTorch: our unfused, unfolded build is the reference
         ref = run(tvm.compile(w.mod, target=host_target(),
                               relax_pipeline=strategy_pipeline("none", host_target(),
-                                                               fold=False)),
+                                                               fold=False),
+                              tir_pipeline=tir_pipeline()),
                   w.inputs)[0]
     # an export of its own per row: ``tmp`` is shared by every model of a run
     onnx_path = w.onnx if isinstance(w.onnx, str) else os.path.join(
@@ -158,7 +159,8 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
         thread_pool(t)
         samplers: dict[str, Callable[[], float]] = {}
         for s in ours:
-            ex = tvm.compile(w.mod, target=target, relax_pipeline=strategy_pipeline(s, target))
+            ex = tvm.compile(w.mod, target=target, relax_pipeline=strategy_pipeline(s, target),
+                             tir_pipeline=tir_pipeline(s))
             calls: list[str] = []
             out = run(ex, w.inputs, calls=calls)
             row["kernels"][s] = sum(not is_shape_func(c) for c in calls)

@@ -38,7 +38,7 @@ from ..partition import ApplyPartition, fuseops_groups
 from ..pipelines import prepare
 from ..planner import plan_cost
 from ..rules import rules_groups
-from ..strategies import split_strategy, strategy_pipeline
+from ..strategies import split_strategy, strategy_pipeline, tir_pipeline
 from ..targets import Target, TargetDesc, resolve
 from ..transform import plan_module
 from .cells import Cell, is_shape_func, kernel_regs
@@ -213,7 +213,8 @@ def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> li
             start = time.perf_counter()
             with t.tvm_target:
                 ex = tvm.compile(mod, target=t.tvm_target,
-                                 relax_pipeline=_pipeline(s, t.target, groups))
+                                 relax_pipeline=_pipeline(s, t.target, groups),
+                                 tir_pipeline=tir_pipeline(s))
             base = replace(base, compile_s=time.perf_counter() - start)
             stage = "registers"
             regs, note = kernel_regs(ex, t.target.kind)
@@ -240,7 +241,8 @@ def _measure(cells: dict[str, Cell], built: dict, mod, inputs, t: _Target, repea
         if ref_ex is None:
             with t.tvm_target:
                 ref_ex = tvm.compile(mod, target=t.tvm_target,
-                                     relax_pipeline=_pipeline("none", t.target, []))
+                                     relax_pipeline=_pipeline("none", t.target, []),
+                                     tir_pipeline=tir_pipeline())
         ref = run(ref_ex, inputs, t.device)
     except Exception as err:  # noqa: BLE001
         for s in built:

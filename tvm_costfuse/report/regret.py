@@ -54,7 +54,7 @@ from ..planner import initial_units
 from ..pricer import Pricer
 from ..quotient import Quotient
 from ..regions import differing_regions
-from ..strategies import strategy_pipeline
+from ..strategies import strategy_pipeline, tir_pipeline
 from ..targets import TargetDesc, for_target, host_target
 from ..transform import plan_module
 from .bench import DISTURBED_CORES
@@ -185,7 +185,8 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     def build(units: Units | None, strategy: str = "costfuse"):
         fusion = None if units is None else ApplyPartition(_groups(units))
         return tvm.compile(mod, target=target,
-                           relax_pipeline=strategy_pipeline(strategy, target, fusion=fusion))
+                           relax_pipeline=strategy_pipeline(strategy, target, fusion=fusion),
+                           tir_pipeline=tir_pipeline(strategy))
 
     say(f"building 3 plans and {len(p.pairs)} flipped regions")
     builds = {"costfuse": build(p.ours), FUSEOPS: build(p.theirs),

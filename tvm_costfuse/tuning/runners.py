@@ -101,6 +101,7 @@ def _compile_kernel(func_json: str, target_json: dict, n_out: int):
     from tvm.s_tir import meta_schedule as _ms
 
     from tvm_costfuse.pipelines import build_pipeline
+    from tvm_costfuse.strategies import tir_pipeline
 
     func = _tvm.ir.load_json(func_json)
     try:
@@ -122,7 +123,8 @@ def _compile_kernel(func_json: str, target_json: dict, n_out: int):
         # The kernel comes scheduled: a schedule pass the pipeline adds (CUDA's dlight rules,
         # where a kernel needs one to build) skips it so marked. Fusing nothing.
         mod["kernel"] = mod["kernel"].with_attr("tirx.is_scheduled", True)
-        return _tvm.compile(mod, target, relax_pipeline=build_pipeline(target)), func
+        return _tvm.compile(mod, target, relax_pipeline=build_pipeline(target),
+                            tir_pipeline=tir_pipeline()), func
     except Exception as err:  # noqa: BLE001 -- any build error is a measured outcome
         raise RuntimeError(f"build: {type(err).__name__}: {err}") from None
 
