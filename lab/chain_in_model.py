@@ -23,7 +23,7 @@ from tvm_costfuse.schedules import chain
 
 from tvm_costfuse.models import corpus
 from tvm_costfuse.pipelines import fuse
-from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
+from tvm_costfuse.strategies import fusion_pass, strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target
 
 
@@ -48,10 +48,12 @@ def main() -> None:
         object.__setattr__(card, "share", lambda *a: None)  # every claimed pair chained
         try:
             ex_chain = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("costfuse",
-                                                                                 target))
+                                                                                 target),
+                                   tir_pipeline=tir_pipeline())
             builds = {"chain": (ex_chain, "costfuse")}
             per = {"chain": [], "split": []}
-            ex_split = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
+            ex_split = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target),
+                                   tir_pipeline=tir_pipeline())
             builds["split"] = (ex_split, "tvm")
             for _ in range(args.rounds):
                 for key, (ex, strategy) in builds.items():

@@ -23,11 +23,13 @@ from tvm import relax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_kernels
-from tvm_costfuse.schedules import columns
+from tvm_costfuse.schedules import columns, gemm
 
 from tvm_costfuse.measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
 from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.targets import host_target
+
+VARIANTS = ("merged", "row", "channels")
 
 
 def module(case, rng, epilogue: bool):
@@ -57,14 +59,18 @@ def module(case, rng, epilogue: bool):
     return bb.get(), {"x": x}, peer
 
 
-def build(mod, inputs, ref, target, merge: bool):
-    mergeable = columns.mergeable
-    if not merge:
+def build(mod, inputs, ref, target, variant: str):
+    """``merged``: the GEMM kernel over merged pixels; ``row``: over image rows; ``channels``:
+    the GEMM kernel refused, so the direct conv kernel (``conv.py``) vectorizes channels."""
+    mergeable, gemm_schedule = columns.mergeable, gemm.schedule
+    if variant == "row":
         columns.mergeable = lambda *a: None
+    if variant == "channels":
+        gemm.schedule = lambda *a: None
     try:
         ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
     finally:
-        columns.mergeable = mergeable
+        columns.mergeable, gemm.schedule = mergeable, gemm_schedule
     got = run(ex, inputs)[0]
     np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
     return ex
@@ -97,28 +103,29 @@ def main() -> None:
     for case in cases:
         mod, inputs, peer = module(case, rng, args.epilogue)
         ref = peer().numpy()
-        for variant in ("merged", "row"):
-            ex = build(mod, inputs, ref, target, variant == "merged")
+        for variant in VARIANTS:
+            ex = build(mod, inputs, ref, target, variant)
             samplers[(case.name, variant)] = vm_sampler(ex, inputs)
         samplers[(case.name, "torch")] = call_sampler(peer)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"target {target}  threads={args.threads}  repeat={args.repeat}  "
           f"epilogue={args.epilogue}  load {load}")
     samples = interleave(samplers, args.repeat)
-    print(f"{'case':44s} {'merged ms':>9s} {'row ms':>8s} {'torch ms':>8s} {'mrg GF/s':>8s} "
-          f"{'mrg/torch':>9s} {'row/torch':>9s}")
-    after, before = [], []
+    print(f"{'case':44s} {'merged ms':>9s} {'row ms':>8s} {'chan ms':>8s} {'torch ms':>8s} "
+          f"{'mrg GF/s':>8s} {'mrg/torch':>9s} {'row/torch':>9s} {'chan/torch':>10s}")
+    speed = {v: [] for v in VARIANTS}
     for case in cases:
-        med = {v: float(np.median(samples[(case.name, v)])) for v in ("merged", "row", "torch")}
-        after.append(med["torch"] / med["merged"])
-        before.append(med["torch"] / med["row"])
+        med = {v: float(np.median(samples[(case.name, v)])) for v in (*VARIANTS, "torch")}
+        for v in VARIANTS:
+            speed[v].append(med["torch"] / med[v])
         name = f"{case.name}_to{case.w[0]}"
         print(f"{name:44s} {med['merged'] * 1e3:9.3f} {med['row'] * 1e3:8.3f} "
-              f"{med['torch'] * 1e3:8.3f} {case.flops() / med['merged'] / 1e9:8.1f} "
-              f"{after[-1]:9.2f} {before[-1]:9.2f}")
+              f"{med['channels'] * 1e3:8.3f} {med['torch'] * 1e3:8.3f} "
+              f"{case.flops() / med['merged'] / 1e9:8.1f} {speed['merged'][-1]:9.2f} "
+              f"{speed['row'][-1]:9.2f} {speed['channels'][-1]:10.2f}")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"geomean speed vs torch: merged {geomean(after):.2f}, row {geomean(before):.2f}  "
-          f"load {load}")
+    print("geomean speed vs torch: " + ", ".join(
+        f"{v} {geomean(speed[v]):.2f}" for v in VARIANTS) + f"  load {load}")
 
 
 if __name__ == "__main__":
