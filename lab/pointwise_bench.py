@@ -26,7 +26,7 @@ import bench_kernels
 from tvm_costfuse.schedules import columns, gemm
 
 from tvm_costfuse.measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
-from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target
 
 VARIANTS = ("merged", "row", "channels")
@@ -68,7 +68,8 @@ def build(mod, inputs, ref, target, variant: str):
     if variant == "channels":
         gemm.schedule = lambda *a: None
     try:
-        ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
+        ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target),
+                         tir_pipeline=tir_pipeline())
     finally:
         columns.mergeable, gemm.schedule = mergeable, gemm_schedule
     got = run(ex, inputs)[0]

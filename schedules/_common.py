@@ -152,7 +152,7 @@ def _inline_recomputes(producer, consumers) -> bool:
     ``x * x`` of a tanh/exp chain, softmax's exp read by both the sum and the division, the
     concat a layer norm reads in each of its three passes (swin's patch merging), or the concat
     a max pool reads through overlapping windows (:func:`window_rereads`: inlined, squeezenet's
-    128 x 55 x 55 concat + 3 x 3 / 2 pool ran as scalar selects, 286-330 us against 85 for the
+    128 x 55 x 55 concat + 3 x 3 / 2 pool ran as scalar selects, 330 us against 85 for the
     copy and the pool apart; znver4, 1 thread).
     """
     costly = has_costly_call(producer.body)
@@ -175,24 +175,30 @@ def _linear_coefficient(expr, var) -> int | None:
 
 def window_rereads(consumer: tirx.SBlock, buffer) -> bool:
     """Whether the reduction ``consumer`` reads one element of ``buffer`` from several outputs:
-    an index ``y * s + r`` whose reduction var ``r`` takes more values than the stride ``s``
-    (a 3 x 3 / 2 pooling window, a convolution's taps), so each element is read about
-    ``taps / s`` times per axis."""
+    along an index ``y * s + r * d`` (an output var ``y``, a reduction var ``r``), outputs
+    ``|d| / g`` apart (``g = gcd(s, d)``) read the same element when ``r`` takes more than
+    ``|s| / g`` values and ``y`` more than ``|d| / g`` (a 3 x 3 / 2 pooling window, a
+    convolution's taps; not a 2 x 2 / 2 window, nor a reduction over a flattened axis)."""
+    extents = {iv.var: int(iv.dom.extent) for iv in consumer.iter_vars
+               if isinstance(iv.dom.extent, tirx.IntImm)}
+    reduce = [iv.var for iv in consumer.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     spatial = [iv.var for iv in consumer.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    taps = {iv.var: int(iv.dom.extent) for iv in consumer.iter_vars
-            if iv.iter_type == tirx.IterVar.CommReduce and isinstance(iv.dom.extent, tirx.IntImm)}
     loads: list = []
     tvm_ffi.structural_walk(consumer.body, (tvm.ir.expr.TensorLoad, loads.append), order="post")
     for load in loads:
         if not load.source.same_as(buffer):
             continue
         for index in load.indices:
-            for r, extent in taps.items():
-                if extent < 2 or not _linear_coefficient(index, r):
+            for r in reduce:
+                d = _linear_coefficient(index, r)
+                if not d or extents.get(r, 0) < 2:
                     continue
-                for v in spatial:
-                    stride = _linear_coefficient(index, v)
-                    if stride and extent > abs(stride):
+                for y in spatial:
+                    s = _linear_coefficient(index, y)
+                    if not s:
+                        continue
+                    g = math.gcd(abs(s), abs(d))
+                    if extents[r] > abs(s) // g and extents.get(y, 0) > abs(d) // g:
                         return True
     return False
 

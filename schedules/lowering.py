@@ -3,19 +3,19 @@ pipeline.
 
 Our CPU rules accumulate each output tile in a buffer of its own (``cache_write(.., "local")``
 in the contraction, convolution, depthwise and chain kernels), allocated inside the parallel
-tile loop. TVM's ``LowerTVMBuiltin`` puts an allocation on the stack only where its scope is
-``global`` and it is under 1 KiB (``runtime::kMaxStackAlloca``); every other one becomes a
-``TVMBackendAllocWorkspace`` / ``TVMBackendFreeWorkspace`` pair, here once per tile: a 16 x 2
-vector tile is 2 KiB. Marked ``disable_lower_builtin`` (TVM's own annotation for allocations it
-must leave alone), the buffer is an ``alloca`` LLVM hoists to the kernel's entry and keeps in
-registers. Measured end to end (znver4, 1 thread, one process, outputs bit-equal): resnet50
-85.6 -> 78.6 ms (1.09x), mobilenet_v2 1.09x, bert 1.03x, a llama decode step 1.04x,
-efficientnet_b0 1.005x; marking only the buffers under 1 KiB gave mobilenet_v2 1.006x, so the
-tiles of 1-4 KiB are the ones that count (``docs/log/2026-12-06f.md``).
+tile loop. TVM's ``LowerTVMBuiltin`` keeps an allocation on the stack only where its scope is
+``global`` and it is under 1 KiB (``runtime::kMaxStackAlloca``); every other becomes a
+``TVMBackendAllocWorkspace`` / ``TVMBackendFreeWorkspace`` pair, here once per tile (a 16 x 2
+vector tile is 2 KiB). Marked ``disable_lower_builtin`` (TVM's annotation for allocations it
+must leave alone), the buffer is an ``alloca`` that TVM's code generator places at the kernel's
+entry and LLVM keeps in registers: resnet50 1.08x, mobilenet_v2 1.07x, bert 1.03x end to end
+(znver4, 1 thread; ``docs/log/2026-12-06f.md``).
 
-Only constant-size buffers up to :data:`STACK_BYTES` in CPU (``llvm``) functions are marked;
-larger ones (a chain's per-block plane of hundreds of KiB) stay workspace allocations, which a
-thread's stack could not hold, and device kernels are left as TVM lowers them.
+Marked are constant-size buffers of at most :data:`STACK_BYTES` each, :data:`FUNCTION_BYTES`
+per function, in functions whose device is the CPU (as ``LowerTVMBuiltin`` decides: the
+``device_type`` the packed API records). Larger buffers (a chain's per-block plane of hundreds
+of KiB) stay workspace allocations, and so does everything in a GPU build, whose host code
+allocates device memory.
 
 ``tvm.compile`` takes the pipeline by name: ``tvm.compile(mod, target,
 relax_pipeline=tvm_costfuse.pipeline(target), tir_pipeline="costfuse")``. Without it a build
@@ -28,14 +28,18 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-__all__ = ["STACK_BYTES", "TIR_PIPELINE", "register_tir_pipeline", "stack_tiles"]
+__all__ = ["FUNCTION_BYTES", "STACK_BYTES", "TIR_PIPELINE", "register_tir_pipeline",
+           "stack_tiles"]
 
 #: the name ``tvm.compile(..., tir_pipeline=...)`` takes
 TIR_PIPELINE = "costfuse"
 
-# Largest buffer put on the stack: a register tile is 0.5-4 KiB; 32 KiB leaves a worker
-# thread's 8 MiB stack room for every kernel's few tiles.
+# Largest buffer put on the stack (a register tile is 0.5-4 KiB), and most per function: a
+# kernel's frame stays far below the smallest thread stacks a built library may run on
+# (musl's 128 KiB).
 STACK_BYTES = 32 * 1024
+FUNCTION_BYTES = 64 * 1024
+_CPU = 1  # kDLCPU
 
 _ANNOTATION = "disable_lower_builtin"  # tvm::tirx::transform::kDisableLowerTVMBuiltin
 
@@ -49,28 +53,36 @@ def _bytes(buffer) -> int | None:
     return size
 
 
-def _on_stack(alloc: tirx.AllocBuffer) -> tirx.AllocBuffer:
-    size = _bytes(alloc.buffer)
-    if size is None or size > STACK_BYTES or _ANNOTATION in alloc.annotations:
-        return alloc
-    if alloc.buffer.scope() not in ("local", "global"):
-        return alloc
-    return tirx.AllocBuffer(alloc.buffer, annotations={
-        **alloc.annotations, _ANNOTATION: tirx.IntImm("int32", 1)})
+def _device_types(func: tirx.PrimFunc) -> set[int]:
+    found: set[int] = set()
 
+    def visit(stmt):
+        if stmt.attr_key == "device_type" and isinstance(stmt.value, tirx.IntImm):
+            found.add(int(stmt.value))
 
-def _is_cpu(func: tirx.PrimFunc) -> bool:
-    target = func.attrs.get("target") if func.attrs is not None else None
-    return target is not None and target.kind.name == "llvm"
+    tvm_ffi.structural_walk(func.body, (tirx.AttrStmt, visit))
+    return found
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="CostFuseStackTiles")
 def stack_tiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
-    """Mark the CPU function's constant-size buffers up to :data:`STACK_BYTES` for the stack
-    (module docstring). Runs after TVM's lowering, before ``LowerTVMBuiltin``."""
-    if not _is_cpu(func):
+    """Mark the CPU function's constant-size buffers for the stack (module docstring). Runs
+    after TVM's lowering (the packed API records each function's device), before
+    ``LowerTVMBuiltin``."""
+    if _device_types(func) != {_CPU}:
         return func
-    body = tvm_ffi.structural_map(func.body, (tirx.AllocBuffer, _on_stack))
+    room = [FUNCTION_BYTES]
+
+    def on_stack(alloc: tirx.AllocBuffer) -> tirx.AllocBuffer:
+        size = _bytes(alloc.buffer)
+        if (size is None or size > min(STACK_BYTES, room[0]) or _ANNOTATION in alloc.annotations
+                or alloc.buffer.scope() not in ("local", "global")):
+            return alloc
+        room[0] -= size
+        return tirx.AllocBuffer(alloc.buffer, annotations={
+            **alloc.annotations, _ANNOTATION: tirx.IntImm("int32", 1)}, span=alloc.span)
+
+    body = tvm_ffi.structural_map(func.body, (tirx.AllocBuffer, on_stack))
     return func if body.same_as(func.body) else func.with_body(body)
 
 

@@ -89,3 +89,30 @@ def test_only_buffers_up_to_the_limit_go_on_the_stack():
 def test_stock_keeps_tvms_own_tir_pipeline():
     assert tir_pipeline("stock") == "default"
     assert tir_pipeline("none") == tir_pipeline("tvm") == tir_pipeline() == "costfuse"
+
+
+@T.prim_func(s_tir=True)
+def _two_cuda_kernels(a: T.Buffer((256,), "float32"), c: T.Buffer((256,), "float32")):
+    T.func_attr({"global_symbol": "main"})
+    b = T.sblock_alloc_buffer((256,))
+    for bx in T.thread_binding(2, "blockIdx.x"):
+        for tx in T.thread_binding(128, "threadIdx.x"):
+            with T.sblock("double"):
+                i = T.axis.spatial(256, bx * 128 + tx)
+                b[i] = a[i] * T.float32(2)
+    for bx in T.thread_binding(2, "blockIdx.x"):
+        for tx in T.thread_binding(128, "threadIdx.x"):
+            with T.sblock("add"):
+                i = T.axis.spatial(256, bx * 128 + tx)
+                c[i] = b[255 - i] + T.float32(1)
+
+
+def test_a_gpu_builds_device_buffers_stay_workspace_allocations():
+    """The host code of a CUDA build allocates the device buffer between its two kernels with
+    a workspace call on the GPU: the pass leaves it (a host stack slot would be a wrong
+    program), so the host code is TVM's own."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    hosts = {name: tvm.compile(_two_cuda_kernels, target=target, tir_pipeline=name)
+             .mod.inspect_source("ll") for name in ("default", tir_pipeline())}
+    assert _WORKSPACE_CALL in hosts["default"]
+    assert hosts["costfuse"] == hosts["default"]

@@ -716,6 +716,40 @@ def test_pooling_window_keeps_a_concat_it_rereads_materialized():
     assert len(_block_names(_scheduled(Fallback(), padded)) - {"root"}) == 1
 
 
+@pytest.mark.parametrize("taps, stride, dilation, rereads", [
+    (3, 2, 1, True),    # a 3 x 3 / 2 pool: neighbouring windows share a column
+    (2, 2, 1, False),   # 2 x 2 / 2: windows tile the input
+    (3, 4, 2, True),    # taps 0, 2, 4 of windows 4 apart: the last is the next one's first
+    (3, 4, 1, False),
+])
+def test_window_rereads_knows_which_windows_overlap(taps, stride, dilation, rereads):
+    from tvm import s_tir, te
+
+    from tvm_costfuse.schedules._common import window_rereads
+
+    a = te.placeholder((1, 4, 33), name="a")
+    r = te.reduce_axis((0, taps), "r")
+    width = (33 - dilation * (taps - 1) - 1) // stride + 1
+    pool = te.compute((1, 4, width), lambda n, c, y: te.max(
+        a[n, c, y * stride + r * dilation], axis=r), name="pool")
+    sch = s_tir.Schedule(te.create_prim_func([a, pool]))
+    block = sch.get(sch.get_sblock("pool"))
+    assert window_rereads(block, block.reads[0].source) == rereads
+
+
+def test_window_rereads_is_false_for_a_reduction_over_a_flattened_axis():
+    from tvm import s_tir, te
+
+    from tvm_costfuse.schedules._common import window_rereads
+
+    a = te.placeholder((1, 8 * 49), name="a")
+    r = te.reduce_axis((0, 8), "r")
+    total = te.compute((1, 49), lambda n, y: te.sum(a[n, r * 49 + y], axis=r), name="sum")
+    sch = s_tir.Schedule(te.create_prim_func([a, total]))
+    block = sch.get(sch.get_sblock("sum"))
+    assert not window_rereads(block, block.reads[0].source)
+
+
 def test_pooling_window_with_too_few_rows_stays_one_parallel_loop():
     # 2 channels x 2 output rows are too few parallel chunks for the cores: the outputs stay
     # fused into one parallel loop, the window rolled

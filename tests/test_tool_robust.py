@@ -252,9 +252,9 @@ def test_refeature_matches_rows_recorded_before_weight_folding(tmp_path):
 
 def test_refeature_recomputes_the_folded_rows_when_the_unfolded_graph_fails(tmp_path,
                                                                             monkeypatch):
-    """A model whose unfolded graph does not build still recomputes the rows its folded graph
-    holds; only the rows that needed the unfolded graph are kept, each named with both causes.
-    Before, the first such row marked the whole model as not loading."""
+    """A model whose unfolded graph does not build recomputes the rows its folded graph holds
+    and is not reported as not loading: only the rows that needed the unfolded graph are kept,
+    each named with both causes."""
     from tvm_costfuse.tuning import feedback
     from tvm_costfuse.tuning.feedback import feature_row
 
@@ -281,6 +281,33 @@ def test_refeature_recomputes_the_folded_rows_when_the_unfolded_graph_fails(tmp_
     why = missing["conv_bn_relu@small: batch_norm"]
     assert "members not in its graph" in why and "unfolded graph does not build" in why
     assert "unfolded import broke" in why
+
+
+def test_refeature_tries_the_unfolded_graph_when_the_folded_one_fails(tmp_path, monkeypatch):
+    """A folded graph that does not build leaves the rows recorded on the unfolded graph to it;
+    where neither builds, the model's rows are kept under one line naming both causes."""
+    from tvm_costfuse.tuning import feedback
+    from tvm_costfuse.tuning.feedback import feature_row
+
+    unfolded = build_graph(prepare(models.load("conv_bn_relu", small=True)[0], fold=False))
+    row = {**feature_row("conv_bn_relu@small", unfolded, ["relu"]), "members": ["relu"],
+           "run_secs": [1e-5], "error": None, "workload_hash": f"{0:016x}", "measured": True}
+    _write_log(tmp_path, [row])
+
+    def failing(folded_fails, unfolded_fails):
+        def prepare_or_fail(mod, target=None, fold=True):
+            if (fold and folded_fails) or (not fold and unfolded_fails):
+                raise ValueError(f"{'folded' if fold else 'unfolded'} import broke")
+            return prepare(mod, target, fold=fold)
+        return prepare_or_fail
+
+    monkeypatch.setattr(feedback, "prepare", failing(True, False))
+    assert refeature(tmp_path, "host")[:2] == (1, 1)
+    monkeypatch.setattr(feedback, "prepare", failing(True, True))
+    recomputed, n_models, missing = refeature(tmp_path, "host")
+    assert (recomputed, n_models, list(missing)) == (0, 0, ["conv_bn_relu@small"])
+    assert "folded import broke" in missing["conv_bn_relu@small"]
+    assert "unfolded import broke" in missing["conv_bn_relu@small"]
 
 
 def test_variant_names_split_only_their_own_suffix(monkeypatch):

@@ -34,9 +34,10 @@ record per layer (``schedules/backends.py``, ``cost/analytical.py``, ``tuning/ru
 ``report/cells.py``; ``docs/architecture.md``); a model or a frontend goes in ``models/``.
 
 Importing the package registers the ``costfuse.*`` PassContext keys, the named relax pipeline
-``"costfuse"`` and the TIR pipeline of that name (``tir_pipeline=``: the kernels' register tiles
-on the stack, ``schedules/lowering.py``), registers the host calibration measured on first use (``targets.calibration``),
-and sizes TVM's runtime thread pool like the targets it compiles for (below).
+``"costfuse"`` and the TIR pipeline of that name (``tir_pipeline=``: the kernels' register
+tiles on the stack, ``schedules/lowering.py``), registers the host calibration measured on
+first use (``targets.calibration``), and sizes TVM's runtime thread pool like the targets it
+compiles for (below).
 """
 
 import os

@@ -25,14 +25,16 @@ def build(
     fusion: tvm.transform.Pass | None = None,
     schedule: tvm.transform.Pass | None = None,
     fold: bool = True,
+    tir: str = TIR_PIPELINE,
 ) -> tvm.runtime.Executable:
     """Compile ``mod`` with TVM's pipeline, ``fusion`` in place of FuseOps (None: no fusion),
-    weight-only work folded first unless ``fold=False``."""
+    weight-only work folded first unless ``fold=False``; ``tir``: the TIR pipeline (ours,
+    ``schedules/lowering.py``, or TVM's ``"default"`` for a reference build)."""
     target = tvm.target.Target(target)
     register_tir_pipeline()  # the kernels' register tiles on the stack (schedules/lowering.py)
     return tvm.compile(mod, target=target,
                        relax_pipeline=build_pipeline(target, fusion, schedule, fold),
-                       tir_pipeline=TIR_PIPELINE)
+                       tir_pipeline=tir)
 
 
 def _flatten(value) -> list[np.ndarray]:

@@ -149,7 +149,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
         ref = run(tvm.compile(w.mod, target=host_target(),
                               relax_pipeline=strategy_pipeline("none", host_target(),
                                                                fold=False),
-                              tir_pipeline=tir_pipeline()),
+                              tir_pipeline="default"),
                   w.inputs)[0]
     # an export of its own per row: ``tmp`` is shared by every model of a run
     onnx_path = w.onnx if isinstance(w.onnx, str) else os.path.join(

@@ -242,7 +242,7 @@ def _measure(cells: dict[str, Cell], built: dict, mod, inputs, t: _Target, repea
             with t.tvm_target:
                 ref_ex = tvm.compile(mod, target=t.tvm_target,
                                      relax_pipeline=_pipeline("none", t.target, []),
-                                     tir_pipeline=tir_pipeline())
+                                     tir_pipeline="default")
         ref = run(ref_ex, inputs, t.device)
     except Exception as err:  # noqa: BLE001
         for s in built:

@@ -332,7 +332,8 @@ def refeature(work_dir=None, target=None) -> tuple[int, int, dict[str, str]]:
     without the new fields): the models are rebuilt by name (``models.load_variant``), as the
     planner sees them (weights folded) or, for rows recorded before folding (members such as
     ``batch_norm`` that folding removes), unfolded. A model that no longer loads (a file
-    moved), or a row whose members neither graph has, keeps its rows as they were. Returns
+    moved) or whose graphs both fail to build, or a row whose members neither built graph has,
+    keeps its rows as they were; a graph that fails blocks only the rows that need it. Returns
     (rows recomputed, models, {model or row that was kept: why}).
     """
     resolved = resolve(target or "host")
@@ -368,12 +369,13 @@ def refeature(work_dir=None, target=None) -> tuple[int, int, dict[str, str]]:
         graph = next((g for fold in (True, False) if (g := graph_of(model, fold)) is not None
                       and all(m in g for m in members)), None)
         if graph is None:
+            causes = [failed[model, f] for f in (True, False) if (model, f) in failed]
             if (model, None) in failed:
                 missing[model] = failed[model, None]
+            elif len(causes) == 2:  # neither graph builds: one line for the model
+                missing[model] = "; ".join(causes)
             else:
-                why = "; ".join(["members not in its graph",
-                                 *(failed[model, f] for f in (True, False)
-                                   if (model, f) in failed)])
+                why = "; ".join(["members not in its graph", *causes])
                 missing[f"{model}: {'+'.join(members)[:60]}"] = why
             rows.append(row)
             continue
