@@ -26,7 +26,7 @@ import bench_kernels
 from tvm_costfuse.schedules import depthwise, efficiency
 
 from tvm_costfuse.measurement.timing import call_sampler, geomean, interleave, run, vm_sampler
-from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host, host_target
 
 
@@ -49,14 +49,16 @@ def depthwise_convs(models: list[str], cache: Path | None) -> list[bench_kernels
     return out
 
 
-def build(case, rng, target, general: bool):
-    """The compiled conv of ``case`` (general tiling when ``general``), checked."""
+def build(case, rng, target, general: bool, tir: str | None = None):
+    """The compiled conv of ``case`` (general tiling when ``general``; ``tir``: the TIR
+    pipeline, ours by default), checked."""
     mod, inputs, ref, arrays = bench_kernels.conv_module(case, rng)
     analyze = depthwise.analyze
     if general:
         depthwise.analyze = lambda *a: None
     try:
-        ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target))
+        ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target),
+                         tir_pipeline=tir or tir_pipeline())
     finally:
         depthwise.analyze = analyze
     got = run(ex, inputs)[0]
@@ -72,6 +74,9 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", help="substrings of case names to keep")
     ap.add_argument("--cache", type=Path, default=None, help="JSON list of the shapes")
     ap.add_argument("--no-general", action="store_true", help="skip the general tiling")
+    ap.add_argument("--tir-ab", action="store_true",
+                    help="the general column is the depthwise kernel under TVM's default TIR "
+                         "pipeline (a workspace call per tile) instead of the general tiling")
     args = ap.parse_args()
 
     import torch
@@ -87,7 +92,11 @@ def main() -> None:
     for case in cases:
         variants = ("dw",) if args.no_general else ("dw", "general")
         for variant in variants:
-            ex, inputs, arrays = build(case, rng, target, variant == "general")
+            if args.tir_ab:
+                ex, inputs, arrays = build(case, rng, target, False,
+                                           "default" if variant == "general" else None)
+            else:
+                ex, inputs, arrays = build(case, rng, target, variant == "general")
             samplers[(case.name, variant)] = vm_sampler(ex, inputs)
         samplers[(case.name, "torch")] = call_sampler(bench_kernels.torch_call(case, arrays))
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -115,6 +124,15 @@ def main() -> None:
     print("E_DEPTHWISE fit (share of peak over K / (K + K0), geomean by stride): "
           + ", ".join(f"stride {s} {geomean(v):.3f} ({len(v)} shapes)"
                       for s, v in sorted(shares.items())))
+    if args.tir_ab:
+        gains: dict[int, list[float]] = {}
+        for case in cases:
+            gains.setdefault(case.stride, []).append(
+                float(np.median(samples[(case.name, "general")]))
+                / float(np.median(samples[(case.name, "dw")])))
+        print("speed-up of our TIR pipeline over TVM's default, geomean by stride: "
+              + ", ".join(f"stride {s} {geomean(v):.3f} ({len(v)} shapes)"
+                          for s, v in sorted(gains.items())))
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"geomean speed vs torch: depthwise {geomean(ratios):.2f}, general "
           f"{geomean(before) if not args.no_general else float('nan'):.2f}  load {load}")
