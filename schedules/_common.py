@@ -16,6 +16,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.sym.analyzer import Analyzer
 
 from ..targets.isa import num_cores, vector_lanes, vector_registers
+from .conv_shape import _coefficient
 from .math_calls import CHEAP_CALLS, short_name
 
 __all__ = ["num_cores", "vector_lanes", "vector_registers"]  # re-exported for the rules
@@ -166,13 +167,6 @@ def _inline_recomputes(producer, consumers) -> bool:
         window_rereads(c, out) for c in consumers)
 
 
-def _linear_coefficient(expr, var) -> int | None:
-    """``c`` of ``expr = c * var + (terms without var)``; None where that is not its form."""
-    from .conv_shape import _coefficient  # conv_shape's roles read this module's helpers
-
-    return _coefficient(expr, var)
-
-
 def window_rereads(consumer: tirx.SBlock, buffer) -> bool:
     """Whether the reduction ``consumer`` reads one element of ``buffer`` from several outputs:
     along an index ``y * s + r * d`` (an output var ``y``, a reduction var ``r``), outputs
@@ -190,11 +184,11 @@ def window_rereads(consumer: tirx.SBlock, buffer) -> bool:
             continue
         for index in load.indices:
             for r in reduce:
-                d = _linear_coefficient(index, r)
+                d = _coefficient(index, r)
                 if not d or extents.get(r, 0) < 2:
                     continue
                 for y in spatial:
-                    s = _linear_coefficient(index, y)
+                    s = _coefficient(index, y)
                     if not s:
                         continue
                     g = math.gcd(abs(s), abs(d))

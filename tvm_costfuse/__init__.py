@@ -58,13 +58,14 @@ from .models import load_exported, load_onnx, load_torch
 from .partition import ApplyPartition, PartitionError, apply_partition, fuseops_groups
 from .pipelines import build_pipeline, pipeline, prepare, register_named_pipeline
 from .planner import FusionPlan, plan_exact, plan_greedy
+from .schedules.lowering import register_tir_pipeline
 from .strategies import strategy_pipeline, tir_pipeline
 from .targets import Target, host_target, resolve
 from .transform import CostFuse
 
 register_config_keys()
 register_named_pipeline()
-tir_pipeline()  # registers the TIR pipeline "costfuse" (schedules/lowering.py)
+register_tir_pipeline()
 
 __all__ = [
     "ApplyPartition",

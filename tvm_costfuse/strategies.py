@@ -23,7 +23,7 @@ from tvm import relax
 
 from .pipelines import scheduled_pipeline
 from .rules import RulesFuse
-from .schedules.lowering import TIR_PIPELINE, register_tir_pipeline
+from .schedules.lowering import TIR_PIPELINE
 from .targets import for_pipeline
 from .transform import CostFuse
 
@@ -66,7 +66,6 @@ def tir_pipeline(strategy: str = "costfuse") -> str:
     """What ``tvm.compile`` takes as ``tir_pipeline`` next to :func:`strategy_pipeline`:
     ``"costfuse"`` for every strategy with our schedules (their register tiles on the stack,
     ``schedules/lowering.py``), TVM's ``"default"`` for ``stock``."""
-    register_tir_pipeline()
     return "default" if split_strategy(strategy)[0] == "stock" else TIR_PIPELINE
 
 

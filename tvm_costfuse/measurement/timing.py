@@ -16,7 +16,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..pipelines import build_pipeline
-from ..schedules.lowering import TIR_PIPELINE, register_tir_pipeline
+from ..schedules.lowering import TIR_PIPELINE
 
 
 def build(
@@ -31,7 +31,6 @@ def build(
     weight-only work folded first unless ``fold=False``; ``tir``: the TIR pipeline (ours,
     ``schedules/lowering.py``, or TVM's ``"default"`` for a reference build)."""
     target = tvm.target.Target(target)
-    register_tir_pipeline()  # the kernels' register tiles on the stack (schedules/lowering.py)
     return tvm.compile(mod, target=target,
                        relax_pipeline=build_pipeline(target, fusion, schedule, fold),
                        tir_pipeline=tir)
