@@ -17,6 +17,7 @@ from tvm import relax
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.partition import apply_partition
 from tvm_costfuse.pipelines import scheduled_pipeline
+from tvm_costfuse.strategies import tir_pipeline
 from tvm_costfuse.targets import host_target
 
 # (input channels, expanded channels, image, kernel, stride)
@@ -84,7 +85,7 @@ def main() -> None:
         vms = {}
         for name, split in (("split", True), ("chain", False)):
             ex = tvm.compile(mod, target, relax_pipeline=scheduled_pipeline(
-                target, groups_pass(split)))
+                target, groups_pass(split)), tir_pipeline=tir_pipeline())
             vms[name] = relax.VirtualMachine(ex, tvm.cpu())
         xt = tvm.runtime.tensor(x)
         outs = {k_: vm["main"](xt).numpy() for k_, vm in vms.items()}

@@ -6,7 +6,7 @@ The choices (``schedules/_loops.py``, ``_common.py``, ``reduction.py``):
 - the fallback keeps a producer of several tensors out of a transpose that reads it
   (``inline_spatial(materialize_transposed=True)``);
 - a concat read more than once is not inlined, and a row reduction computes it once per row
-  in partitioned vectors (``_common.selects_loads``).
+  in partitioned vectors (``_common.load_selections``, ``reduction.selects_loads``).
 
 Each pair is ``MODEL:LEFT/RIGHT`` (comma-separated members of a corpus model); its union, left
 and right kernels are built from the model as the feedback loop builds them, for each variant,
@@ -40,15 +40,16 @@ from tvm_costfuse.tuning.feedback import group_kernel_and_outputs  # noqa: E402
 def old_choices():
     """The three choices undone: no broadcast reorder, producers inlined into transposes,
     concats inlined into every reader."""
-    saved = (_loops._broadcast_loops, cpu.inline_spatial, _common.selects_loads,
+    saved = (_loops._broadcast_loops, cpu.inline_spatial, _common.load_selections,
              reduction.selects_loads)
     _loops._broadcast_loops = lambda sch, block, loops: []
     cpu.inline_spatial = lambda sch, protect=None, materialize_transposed=False: saved[1](sch)
-    _common.selects_loads = reduction.selects_loads = lambda node: False
+    _common.load_selections = lambda node: (False, False)
+    reduction.selects_loads = lambda node, both=False: False
     try:
         yield
     finally:
-        (_loops._broadcast_loops, cpu.inline_spatial, _common.selects_loads,
+        (_loops._broadcast_loops, cpu.inline_spatial, _common.load_selections,
          reduction.selects_loads) = saved
 
 

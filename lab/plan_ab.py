@@ -9,6 +9,8 @@ pipeline finds it (calibrated unless ``TVM_COSTFUSE_CALIBRATION=none``)::
 
     python lab/plan_ab.py --models bert vit_b_16 --threads 1 --repeat 5 \\
         --old tvm_costfuse.schedules.efficiency.E_ACTIVATION=1.0
+
+(``MODULE.OBJECT.ATTR`` sets an object's attribute, a frozen card's field among them.)
 """
 
 from __future__ import annotations
@@ -34,22 +36,37 @@ from tvm_costfuse.schedules.efficiency import fraction_of_peak  # noqa: E402
 
 
 def _parse(spec: str):
+    """(owner, attribute, value) of ``MODULE[.OBJECT...].ATTR=EXPR``: the longest importable
+    prefix is the module, the rest a path of attributes (a card's field, say)."""
     target, expr = spec.split("=", 1)
-    module, attr = target.rsplit(".", 1)
-    return importlib.import_module(module), attr, eval(expr)  # a research flag, typed by hand
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:-1]:
+            owner = getattr(owner, name)
+        return owner, parts[-1], eval(expr)  # a research flag, typed by hand
+    raise SystemExit(f"--old {spec}: no importable module in {target}")
+
+
+def _set(owner, attr, value) -> None:
+    """setattr, also on a frozen dataclass (a card)."""
+    object.__setattr__(owner, attr, value)
 
 
 @contextmanager
 def overridden(settings):
     saved = [(m, a, getattr(m, a)) for m, a, _ in settings]
     for m, a, value in settings:
-        setattr(m, a, value)
+        _set(m, a, value)
     fraction_of_peak.cache_clear()
     try:
         yield
     finally:
         for m, a, value in saved:
-            setattr(m, a, value)
+            _set(m, a, value)
         fraction_of_peak.cache_clear()
 
 

@@ -124,14 +124,15 @@ def count_loads(node, buffer) -> int:
     return count
 
 
-def selects_loads(node, both: bool = False) -> bool:
-    """Whether ``node`` picks between loads with ``if_then_else`` (a concat): vectorized, a
-    lane-varying condition makes every branch's load and a blend per vector. ``both``: only
-    where both branches load (a concat, not a pad's guard against a constant)."""
-    found = False
+def load_selections(node) -> tuple[bool, bool]:
+    """Whether ``node`` picks between loads with ``if_then_else``: (a branch loads, in one
+    selection both branches load). Vectorized, a lane-varying condition makes every branch's
+    load and a blend per vector; a pad's guard against a constant loads in one branch only, a
+    concat in both. One walk answers both questions."""
+    some = both = False
 
     def _visit(call):
-        nonlocal found
+        nonlocal some, both
         op = getattr(call, "op", None)
         if op is not None and short_name(getattr(op, "name", "")) == "if_then_else":
             loading = []
@@ -139,10 +140,16 @@ def selects_loads(node, both: bool = False) -> bool:
                 loads = []
                 tvm_ffi.structural_walk(arg, (tvm.ir.expr.TensorLoad, loads.append))
                 loading.append(bool(loads))
-            found = found or (all(loading) if both else any(loading))
+            some, both = some or any(loading), both or all(loading)
 
     tvm_ffi.structural_walk(node, (tvm.ir.expr.Call, _visit), order="post")
-    return found
+    return some, both
+
+
+def selects_loads(node, both: bool = False) -> bool:
+    """Whether ``node`` picks between loads with ``if_then_else`` (:func:`load_selections`);
+    ``both``: only where both branches load (a concat, not a pad's guard)."""
+    return load_selections(node)[1 if both else 0]
 
 
 def _inline_recomputes(producer, consumers) -> bool:
@@ -157,13 +164,14 @@ def _inline_recomputes(producer, consumers) -> bool:
     copy and the pool apart; znver4, 1 thread).
     """
     costly = has_costly_call(producer.body)
-    if not (costly or selects_loads(producer.body)):
+    selects, selects_both = load_selections(producer.body)
+    if not (costly or selects):
         return False
     out = producer.writes[0].source
     if sum(count_loads(c.body, out) for c in consumers) > 1:
         return True
     # a pad's guard (a load or a constant) is cheap to repeat per tap; a concat's is not
-    return (costly or selects_loads(producer.body, both=True)) and any(
+    return (costly or selects_both) and any(
         window_rereads(c, out) for c in consumers)
 
 

@@ -30,7 +30,7 @@ _SCHEDULES = Path(schedules.__file__).resolve().parent  # schedules/ at the top 
 # What decides the kernel a row timed, beside the installed TVM: the schedule rules and the
 # passes after them, how a group becomes one PrimFunc (feedback, partition, fusor; the
 # pre-fusion passes of pipelines, the weight folding among them), how it is built and timed (runners with pipelines'
-# build pipeline, measurement/timing).
+# build pipeline and strategies' choice of TIR pipeline, measurement/timing).
 # The cards' own module, the catalog and the contraction efficiency model only price kernels
 # (a card's numbers beside its rule are in the rule's file, and count).
 _PRICING_ONLY = ("card.py", "catalog.py", "efficiency.py")
@@ -41,6 +41,7 @@ KERNEL_SOURCES = (
     _PACKAGE / "partition.py",
     _PACKAGE / "fusor.py",
     _PACKAGE / "pipelines.py",
+    _PACKAGE / "strategies.py",  # which TIR pipeline lowers the runner's builds
     *sorted((_PACKAGE / "fold").glob("*.py")),  # the weight folding ahead of the pipelines
     _PACKAGE / "measurement" / "timing.py",
 )
