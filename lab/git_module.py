@@ -25,5 +25,5 @@ def load(commit: str, path: str, package: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__package__ = package
     module.__file__ = f"{commit[:8]}:{path}"
-    exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102 -- our own file
+    exec(compile(source, module.__file__, "exec", dont_inherit=True), module.__dict__)  # noqa: S102 -- our own file
     return module

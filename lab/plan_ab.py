@@ -53,7 +53,10 @@ def _parse(spec: str):
 
 def _set(owner, attr, value) -> None:
     """setattr, also on a frozen dataclass (a card)."""
-    object.__setattr__(owner, attr, value)
+    try:
+        setattr(owner, attr, value)
+    except AttributeError:  # dataclasses.FrozenInstanceError
+        object.__setattr__(owner, attr, value)
 
 
 @contextmanager
@@ -75,7 +78,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--old", action="append", required=True, metavar="MODULE.ATTR=EXPR")
+    ap.add_argument("--old", action="append", required=True, metavar="MODULE[.OBJECT].ATTR=EXPR")
     args = ap.parse_args()
     settings = [_parse(s) for s in args.old]
     for name in args.models:

@@ -219,13 +219,7 @@ def schedule(sch: s_tir.Schedule, target) -> s_tir.Schedule | None:
         if int(sch.get(lp).extent) > 1:
             sch.unroll(lp)
     sch.vectorize(wi)
-    init = sch.decompose_reduction(dw, reduce_loops[0])
-    for blk in (init, writeback):  # as depthwise.py's: its rows unrolled (with them rolled,
-        # a SiLU epilogue on 28-wide rows ran 1.8x slower: 40 -> 240 5 x 5 at 28 x 28, znver4)
-        blk_loops = sch.get_loops(blk)[-2:]
-        if int(sch.get(blk_loops[0]).extent) > 1:
-            sch.unroll(blk_loops[0])
-        depthwise.vectorize_last(sch, blk, lanes)
+    depthwise.finish_tile(sch, dw, reduce_loops[0], writeback, lanes)
 
     # the padded plane and the 1x1 conv, per channel block
     sch.compute_at(plane, par)

@@ -170,8 +170,10 @@ def test_the_learned_model_prices_a_chain_analytically() -> None:
 
 
 def test_the_depthwise_write_back_rows_are_unrolled() -> None:
-    """As ``depthwise.py``'s: with the rows of the output tile rolled, a SiLU epilogue on
-    28-wide rows ran 1.8x slower (40 -> 240 channels, 5 x 5 at 28 x 28, znver4)."""
+    """As ``depthwise.py``'s (``finish_tile``): with the rows of the tile's write-back rolled, a
+    SiLU epilogue on 28-wide rows ran 1.8x slower (40 -> 240 channels, 5 x 5 at 28 x 28,
+    znver4). The init's rows were unrolled either way (``decompose_reduction`` copies the
+    kind of the unrolled row loop)."""
     mod, _ = channel_chain_program(1, 40, 240, 28, 28, 5, stride=1, padding=2, act="silu")
     with AVX512:
         sch = ChannelChain().apply(fused_kernel(mod, kernels(mod)), AVX512, False)
