@@ -12,6 +12,7 @@ import argparse
 import os
 import re
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 import tvm
@@ -33,6 +34,38 @@ def _per_call(ex, mod, strategy, target, inputs, runs):
     return {k: s / calls.get(k, 1) for k, s in seconds.items()}, calls
 
 
+@contextmanager
+def chains_taken():
+    """The chain card's 1x1 conv priced as its standalone kernel, so the planner chains
+    (nearly) every pair the card claims; the card as it was afterwards."""
+    card = chain.CHAIN_CARD
+    saved = card.share
+    object.__setattr__(card, "share", lambda *a: None)
+    try:
+        yield
+    finally:
+        object.__setattr__(card, "share", saved)
+
+
+def time_both(mod, inputs, target, runs: int, rounds: int):
+    """({"chain": ..., "split": ...} median seconds per call of each kernel, the chained
+    build's calls per kernel): CostFuse's build (under :func:`chains_taken`, the chains) and
+    FuseOps', timed in alternating rounds."""
+    with chains_taken():
+        builds = {"chain": (tvm.compile(mod, target,
+                                        relax_pipeline=strategy_pipeline("costfuse", target),
+                                        tir_pipeline=tir_pipeline()), "costfuse")}
+    builds["split"] = (tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target),
+                                   tir_pipeline=tir_pipeline()), "tvm")
+    per = {key: [] for key in builds}
+    for _ in range(rounds):
+        for key, (ex, strategy) in builds.items():
+            per[key].append(_per_call(ex, mod, strategy, target, inputs, runs))
+    medians = {key: {k: float(np.median([r[0][k] for r in runs_])) for k in runs_[0][0]}
+               for key, runs_ in per.items()}
+    return medians, per["chain"][0][1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
@@ -42,27 +75,10 @@ def main() -> None:
     args = ap.parse_args()
     target = host_target(args.threads)
     tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
-    card = chain.CHAIN_CARD
     for name in args.models:
         mod, inputs, _ = corpus.load(name)
-        object.__setattr__(card, "share", lambda *a: None)  # every claimed pair chained
-        try:
-            ex_chain = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("costfuse",
-                                                                                 target),
-                                   tir_pipeline=tir_pipeline())
-            builds = {"chain": (ex_chain, "costfuse")}
-            per = {"chain": [], "split": []}
-            ex_split = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("tvm", target),
-                                   tir_pipeline=tir_pipeline())
-            builds["split"] = (ex_split, "tvm")
-            for _ in range(args.rounds):
-                for key, (ex, strategy) in builds.items():
-                    per[key].append(_per_call(ex, mod, strategy, target, inputs, args.runs))
-        finally:
-            object.__setattr__(card, "share", chain._pointwise_share)
-        chain_t = {k: float(np.median([r[0][k] for r in per["chain"]])) for k in per["chain"][0][0]}
-        split_t = {k: float(np.median([r[0][k] for r in per["split"]])) for k in per["split"][0][0]}
-        calls = per["chain"][0][1]
+        medians, calls = time_both(mod, inputs, target, args.runs, args.rounds)
+        chain_t, split_t = medians["chain"], medians["split"]
         print(f"{name}, {args.threads} thread(s), load {os.getloadavg()[0]:.2f}")
         ratios = []
         for kernel, seconds in sorted(chain_t.items(), key=lambda kv: -kv[1]):

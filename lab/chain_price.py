@@ -19,12 +19,10 @@ import os
 import re
 import sys
 
-import numpy as np
 import tvm
 
 sys.path.insert(0, os.path.dirname(__file__))
-from chain_in_model import _per_call
-from tvm_costfuse.schedules import chain
+from chain_in_model import chains_taken, time_both
 
 from tvm_costfuse.config import FusionConfig, register_config_keys
 from tvm_costfuse.cost.analytical import estimate
@@ -34,7 +32,6 @@ from tvm_costfuse.graph import build_graph
 from tvm_costfuse.models import corpus
 from tvm_costfuse.pipelines import prepare
 from tvm_costfuse.schedules.classes import ScheduleClass
-from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target, resolve
 from tvm_costfuse.transform import plan_module
 
@@ -72,32 +69,13 @@ def main() -> None:
     register_config_keys()
     target = host_target(args.threads)
     tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
-    card = chain.CHAIN_CARD
-    saved = card.share
     rows = []
     for name in args.models:
         mod, inputs, _ = corpus.load(name)
-        # the 1x1 conv priced at its standalone share: the planner takes (nearly) every pair
-        object.__setattr__(card, "share", lambda *a: None)
-        try:
+        with chains_taken():
             pairs, graph, desc = _pairs(mod, target)
-            measured = {}
-            if not args.no_measure:
-                builds = {
-                    "chain": (tvm.compile(mod, target,
-                                          relax_pipeline=strategy_pipeline("costfuse", target),
-                                          tir_pipeline=tir_pipeline()), "costfuse"),
-                    "split": (tvm.compile(mod, target,
-                                          relax_pipeline=strategy_pipeline("tvm", target),
-                                          tir_pipeline=tir_pipeline()), "tvm")}
-                per = {"chain": [], "split": []}
-                for _ in range(args.rounds):
-                    for key, (ex, strategy) in builds.items():
-                        per[key].append(_per_call(ex, mod, strategy, target, inputs, args.runs)[0])
-                measured = {key: {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
-                            for key, runs in per.items()}
-        finally:
-            object.__setattr__(card, "share", saved)
+        measured = {} if args.no_measure else time_both(mod, inputs, target, args.runs,
+                                                        args.rounds)[0]
         print(f"{name}, {args.threads} thread(s), load {os.getloadavg()[0]:.2f}")
         print(f"  {'pair':<22} {'pred chain':>10} {'pred split':>10} {'pred s/c':>8} "
               f"{'meas chain':>10} {'meas split':>10} {'meas s/c':>8}")
