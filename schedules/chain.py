@@ -244,9 +244,10 @@ def _pointwise_share(work, lanes: int, registers: int) -> float | None:
     """The 1x1 conv's share of peak in the chain's tile (None for the depthwise conv: its
     standalone tile): the tile's FMAs against its loads (``block`` broadcast weights and the
     pixel vectors per step) and the FMA latency, times the GEMM path's best case and its
-    init / write-back term. The last, partial tile of an image is charged for its pixels, not as
-    a whole tile: charged whole, 14 x 14 and 7 x 7 pairs priced as losses that 6 of 8 measured
-    inside mobilenet_v2 and efficientnet_b0 were not (``lab/chain_in_model.py``)."""
+    init / write-back term, times the share of its vectors' lanes the image's pixels fill: the
+    last vector of an image runs whole. At 7 x 7 the 49 pixels take three vectors and a
+    one-pixel tail; those pairs ran 0.68-0.90x their two kernels in-model where the tile alone
+    priced them even (``lab/chain_price.py``, docs/log/2026-12-06g.md)."""
     g = work.geometry
     if g is None or g.depthwise is not None or g.gemm is None:
         return None
@@ -255,7 +256,8 @@ def _pointwise_share(work, lanes: int, registers: int) -> float | None:
     vectors = pixel_vectors(pixels, block, lanes, registers)
     fmas = block * vectors
     step = max(fmas / 2, (block + vectors) / LOADS_PER_CYCLE, FMA_LATENCY)
-    return E_PATH["gemm"] * (fmas / 2) / step * g.k / (g.k + K0_GEMM)
+    fill = pixels / (lanes * -(-pixels // lanes))
+    return E_PATH["gemm"] * (fmas / 2) / step * g.k / (g.k + K0_GEMM) * fill
 
 
 def _pointwise_tile(sch, pw, epilogue, par, block: int, lanes: int, registers: int):

@@ -12,7 +12,7 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
 - ``ideal``: the output's FMAs at full vector width, 2 per cycle; ``modeled``: the tiles'
   cycles per reduction step as the rule's chooser counts them (FMA issue, loads, latency);
 - ``K / (K + K0)``: per tile, accumulator init, write-back and the epilogue cost about ``K0``
-  reduction steps (28 for the direct convolution and the general tiling, 9 for the GEMM
+  reduction steps (9.2 for the direct convolution and the general tiling, 1.7 for the GEMM
   micro-kernel, whose tile stores whole vectors in place);
 - ``E_path``: what the best-shaped kernels of each path reach on top of that (loop and address
   overhead, cache misses the model does not see), times ``E_ACTIVATION`` for a GEMM whose
@@ -20,19 +20,18 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
 
 A depthwise convolution (``depthwise.py``) has no tile search: its share is
 ``K / (K + K0) * E_DEPTHWISE[stride]``, its time the loads of each tap and, at stride 2, the
-deinterleaving copy (the geomean over the corpus's depthwise shapes of
-``lab/depthwise_bench.py``, docs/log/2026-12-01b.md: stride 1 0.44, stride 2 0.14 on
-emeraldrapids, 3x3 and 5x5 within 1.4x of it; scaled by 1.12 for stride 1 and 1.91 for
-stride 2, the geomean speed-ups per stride of the half-vector tiles and the shuffled copy
-over the corpus's 38 shapes on znver4, docs/log/2026-12-06b.md).
+deinterleaving copy.
 
-Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` in
-docs/log/2026-12-01a.md (8 GEMM and 21 convolution shapes, 1 thread, emeraldrapids; the fit is in
-``lab/fit_efficiency.py``; the GEMM kernel's ``K0_GEMM`` and ``E_PATH["gemm"]``
-re-fitted with 8 pointwise convolutions of mobilenet_v2 added, ``--gemm-only``). What a
-contraction's block looks like is read once per PrimFunc (:func:`describe`,
-target-independent, stored on the graph node); the share needs the target's lanes and
-registers (:func:`fraction_of_peak`).
+Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` on
+znver4 (28 GEMM and convolution shapes and 17 pointwise convolutions of mobilenet_v2, 1 thread,
+kernels with their register tiles on the stack; docs/log/2026-12-06g.md and 2026-12-06h.md;
+the fit is ``lab/fit_efficiency.py``, which holds the figures). The kernels reach 0.85-0.99 of
+the FMA-chain peak on well-shaped blocks, so the paths' best cases are 1.0: the fit asked
+1.27-1.30 for the GEMM path, which would price every other tile above the peak. The depthwise
+shares are the same host's stride-1 and stride-2 figures over the corpus's shapes (0.23-0.59
+and 0.14-0.20 of peak). What a contraction's block looks like is read once per PrimFunc
+(:func:`describe`, target-independent, stored on the graph node); the share needs the
+target's lanes and registers (:func:`fraction_of_peak`).
 """
 
 from __future__ import annotations
@@ -53,13 +52,13 @@ from .prepack import layout_free
 __all__ = ["ConvGeometry", "GemmGeometry", "Geometry", "describe", "fraction_of_peak"]
 
 # Reduction steps' worth of work per tile outside the reduction loop (fitted; see module doc).
-K0 = 28.0
+K0 = 9.2
 # The same for the GEMM micro-kernel, whose tile writes whole vectors of the output in place
 # (with the pixels merged into the columns, ``columns.py``): fitted with the corpus's pointwise
 # convolutions, K = 16-192 (``fit_efficiency.py --gemm-only``).
-K0_GEMM = 9.0
+K0_GEMM = 1.7
 # Best-case share of each path after tile padding and the K term (fitted).
-E_PATH = {"gemm": 0.72, "conv": 0.80, "tiled": 0.43}
+E_PATH = {"gemm": 1.0, "conv": 1.0, "tiled": 0.82}
 # The GEMM micro-kernel's share when its streamed operand is no constant weight (attention's
 # K^T and V, any batch matmul of two activations): read in its own layout, never packed into
 # panels (``prepack.py`` packs constants only). The measured / modeled share of the corpus'
@@ -68,7 +67,7 @@ E_PATH = {"gemm": 0.72, "conv": 0.80, "tiled": 0.43}
 # against 1.00-1.06 for the weight GEMMs of the same table; their geomean.
 E_ACTIVATION = 0.78
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
-E_DEPTHWISE = {1: 0.49, 2: 0.27}
+E_DEPTHWISE = {1: 0.70, 2: 0.32}
 
 
 class GemmGeometry(NamedTuple):

@@ -18,6 +18,7 @@ import tvm_ffi
 from conftest import compacted, fused_kernel, kernels
 from tvm import tirx
 from tvm_costfuse.schedules import Attention, schedule_pass
+from tvm_costfuse.schedules.attention import ATTENTION_CARD
 from tvm_costfuse.schedules.classes import ScheduleClass
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy
@@ -26,6 +27,7 @@ from tvm_costfuse.measurement.timing import run
 from tvm_costfuse.partition import ApplyPartition
 from tvm_costfuse.pipelines import build_pipeline
 from tvm_costfuse.targets import host, host_target
+from tvm_costfuse.testing import attention_program
 from tvm_costfuse.testing import decode_attention_program as _program
 
 TARGET = host_target(2)
@@ -128,3 +130,17 @@ def test_planner_forms_one_attention_group_with_the_cache_copies() -> None:
     kinds = [graph[n].prim_func or "" for n in attention[0]]
     assert sum(k.startswith("matmul") for k in kinds) == 2
     assert sum(k.startswith("concatenate") for k in kinds) >= 2  # K and V read from the cache
+
+
+def test_one_query_row_keeps_its_own_share() -> None:
+    """The attention card prices a prefill kernel's contractions at 0.85 of peak (what the
+    per-head matmuls reach) and a decode step's, one query row per head, at 0.55: the decode
+    kernel reaches far less than either (``schedules/attention.py``)."""
+    def shares(mod) -> list:
+        f = group_features(build_graph(mod), kernels(mod))
+        assert f.schedule_on("cpu") == ScheduleClass.ATTENTION
+        return [ATTENTION_CARD.share(w, 16, 32) for w in f.op_work if w.contraction]
+
+    assert shares(_program(2, 6, 1024, 64)[0]) == [0.55, 0.55]
+    assert shares(attention_program(1, 4, 64, 32)[0]) == [None, None]
+    assert ATTENTION_CARD.contraction_rate("cpu", 1.0) == 0.85

@@ -155,13 +155,14 @@ def test_planner_forms_the_chain() -> None:
     assert sum((graph[n].prim_func or "").startswith("conv2d") for n in chains[0]) == 2
 
 
-def test_the_learned_model_prices_a_chain_analytically() -> None:
-    # the stored models were trained before the kind existed (classes.UNLEARNED): no measured
-    # group lies near a chain, so the analytical price stands, marked as a fallback
+def test_the_learned_model_prices_an_unmeasured_chain_analytically() -> None:
+    # The chain's one-hot is all zeros (classes.UNLEARNED): no row of another class lies near
+    # a chain, and the measured chains are the zoo's (mobilenetv2's), none near a 5 x 5 window
+    # over 40 -> 240 channels at 20 x 20; so the analytical price stands, marked as a fallback
     from tvm_costfuse.cost import learned
     from tvm_costfuse.cost.analytical import estimate
 
-    mod, _ = channel_chain_program(1, 24, 144, 56, 56, stride=2)
+    mod, _ = channel_chain_program(1, 40, 240, 20, 20, kernel=5)
     features = group_features(build_graph(mod), kernels(mod))
     target = host(2, calibration=False)
     got = learned.load_learned(target)(features, target)
@@ -187,3 +188,19 @@ def test_the_depthwise_write_back_rows_are_unrolled() -> None:
     for name in depthwise:
         rows = sch.get_loops(sch.get_sblock(name))[-2]
         assert int(sch.get(rows).extent) > 1 and sch.get(rows).kind == tirx.ForKind.UNROLLED
+
+
+def test_the_pointwise_share_charges_the_lanes_an_image_leaves_idle() -> None:
+    """A 7 x 7 image's 49 pixels take three vectors of 16 and a one-pixel tail: its 1x1 conv
+    is priced at 49 / 64 of the share of an image that fills its vectors (28 x 28 = 49 x 16),
+    the same channels and reduction; AVX2's 8 lanes leave 49 / 56."""
+    from tvm_costfuse.schedules.chain import CHAIN_CARD
+
+    def share(side: int, lanes: int) -> float:
+        mod, _ = channel_chain_program(1, 32, 192, side, side)
+        f = group_features(build_graph(mod), kernels(mod))
+        work = next(w for w in f.op_work if w.contraction)
+        return CHAIN_CARD.share(work, lanes, 32 if lanes == 16 else 16)
+
+    for lanes, fill in ((16, 49 / 64), (8, 49 / 56)):
+        assert share(7, lanes) == pytest.approx(fill * share(28, lanes), rel=1e-6)

@@ -66,8 +66,9 @@ def test_matmul_geometry_and_short_reductions_cost_a_share():
         path_short, share_short = fraction_of_peak(short_k, *regs)
         assert path == path_short == "gemm"
         assert 0.5 < share_long < 1.0
-        # K = 64: init and write-back weigh more (K0_GEMM = 9 reduction steps: 0.88 of K = 768)
-        assert share_short < 0.92 * share_long
+        # K = 64: init and write-back weigh more (K0_GEMM = 1.7 reduction steps: 0.976 of
+        # K = 768's share)
+        assert share_short < 0.99 * share_long
 
 
 def test_ragged_columns_cost_their_padding():
@@ -81,10 +82,11 @@ def test_convolution_paths():
     assert dense[2] is not None and dense[2][:2] == (64, 64)  # channels, channels per group
     assert fraction_of_peak(dense, *AVX512)[0] == "conv"
     assert fraction_of_peak(dense, *AVX2)[0] == "conv"
-    # four channels per group cannot fill a vector of channels: the general tiling
+    # four channels per group cannot fill a vector of channels: the general tiling (resnext's
+    # 3 x 3 groups measured 0.57 of peak against 0.96-0.99 for dense 3 x 3 convs, znver4)
     narrow = _geometry(_conv(128, 128, 28, 3, groups=32))
     path, share = fraction_of_peak(narrow, *AVX512)
-    assert path == "tiled" and share < fraction_of_peak(dense, *AVX512)[1] / 2
+    assert path == "tiled" and share < 0.7 * fraction_of_peak(dense, *AVX512)[1]
 
 
 def test_depthwise_convolutions_take_the_depthwise_path_by_stride():
@@ -115,7 +117,7 @@ def test_analytical_prices_a_short_reduction_slower_per_flop():
         name = next(n.name for n in graph.nodes if n.geometry is not None)
         f = group_features(graph, [name])
         times.append(analytical.estimate(f, target).breakdown["compute"])
-    assert times[0] > 1.1 * times[1]
+    assert times[0] > 1.02 * times[1]  # K0_GEMM = 1.7 steps per tile: 2.5% at K = 64
 
 
 @pytest.mark.parametrize("regs", [AVX512, AVX2])

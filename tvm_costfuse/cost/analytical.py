@@ -38,6 +38,11 @@ from .features import GroupFeatures, OpWork
 # special-function units make of it is not known here).
 _CPU_MATH_CORE_SECONDS = 1.74e-9
 _CUDA_MATH_CORE_SECONDS = 0.0
+# An operand a kernel reads again per tile (``Card.rereads``) costs nothing more while it fits
+# this share of one core's L2: it is served from there, as the tile's own loads. The channel
+# chains' 0.8 MB input images (112 x 112) ran 1.18-1.82x faster chained on a 1 MiB L2, where
+# half of it had priced 12 reads from the L3 (docs/log/2026-12-06g.md).
+_REREAD_L2_SHARE = 1.0
 # Memory and compute overlap well in streaming loops (hardware prefetch, warps hiding latency).
 _OVERLAP = 0.8
 # Registers a CUDA thread needs on top of its card's base: 2 per live value, ~1.2 per
@@ -238,7 +243,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     memory = sum(seconds_to_move(s) for s in sizes)
     card = f.card_on(kind)
     reread, times = card.rereads(f)
-    if reread > target.l2_bytes // 2:  # one core's L2; else the tile's own loads, from cache
+    if reread > _REREAD_L2_SHARE * target.l2_bytes:
         memory += times * seconds_to_move(reread)
     if card.materializes:
         # Intermediates are written, then read: the fallback keeps every block; the CPU
@@ -255,19 +260,18 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     # contraction's register tile; a CPU prologue streams in its own loop nest.
     rate, stream_rate = peak * card.efficiency[kind], peak * card.prologue_share(kind)
     contraction_rate = card.contraction_rate(kind, peak)
-    if model.tiles_cores and card.tiles_by_geometry:
-        lanes = max(1, target.vector_bits // (8 * f.dtype_bytes))
+    lanes = max(1, target.vector_bits // (8 * f.dtype_bytes))
 
-        def rate_of(w: OpWork) -> float:
-            own = card.share(w, lanes, target.vector_regs)
-            if own is not None:  # the kind's own tile for this block
-                return peak * own
-            if w.geometry is not None:  # the rule's own tile for this block
-                return peak * fraction_of_peak(w.geometry, lanes, target.vector_regs)[1]
+    def rate_of(w: OpWork) -> float:
+        if not model.tiles_cores:
             return contraction_rate
-    else:
-        def rate_of(w: OpWork) -> float:
-            return contraction_rate
+        own = card.share(w, lanes, target.vector_regs)
+        if own is not None:  # the kind's own share for this block
+            return peak * own
+        if card.tiles_by_geometry and w.geometry is not None:  # the rule's own tile
+            return peak * fraction_of_peak(w.geometry, lanes, target.vector_regs)[1]
+        return contraction_rate
+
     math_seconds = model.math_core_seconds / max(1, target.cores)
     full = model.full_parallelism(f.dtype_bytes, target)
     compute = sum([
