@@ -120,10 +120,10 @@ def _claims_attention(f, kind: str) -> bool:
 # kernel's measured / predicted time there, 0.69-1.37 by form at 1280-4096 keys (1.95 at 16384
 # causal), spans the 0.74-0.98 of 128-197 keys, while the split kernels' is 1.07-1.74 (2.35):
 # the error is on the split side (docs/log/2026-12-01b.md, "Fused attention for long key rows").
-# Since the register tiles went on the stack the per-head matmuls reach 0.69-0.90 of peak
-# alone (znver4), and the share follows them to 0.85: at 0.55 every prefill attention was
-# priced split, which measured split / fused 0.98-1.00 at 1 thread and 1.00-1.03 at 2 (bert,
-# vit_b_16, gpt2; docs/log/2026-12-06g.md).
+# With the register tiles on the stack the per-head matmuls reach 0.69-0.90 of peak alone
+# (znver4), and the share follows them, 0.85: priced with the split kernels at their share,
+# 0.55 splits every prefill attention, which measured split / fused 0.98-1.00 at 1 thread and
+# 1.00-1.03 at 2 (bert, vit_b_16, gpt2; docs/log/2026-12-06g.md).
 # One query row per head (a decode step; ``attention_decode.py``) is priced at 0.55, which it
 # does not reach either: per layer at 1 thread it ran 6.2-7.6x slower than this compute term
 # on qwen2 (128 and 1024 past) and falcon, 8-9x with memory on opt and gpt2 (znver4,
@@ -132,17 +132,20 @@ def _claims_attention(f, kind: str) -> bool:
 # transpose: a gather per element) at 26x under its measured time, the value copy at 5x.
 # Priced at its measured share (0.075), the fused kernel loses to that copy on paper and the
 # planner keeps FuseOps' kernels, 1.45-1.88x slower as measured; so both stay as they are
-# until transposing copies are priced per gather. The prefill kernels' 0.85, further still
-# from what the decode kernel reaches, moved decode plans (with the refit of
-# ``efficiency.py``) that measured 0.95-1.02x the plans of before, where two builds of one
-# plan differ by 0.98-1.02x (docs/log/2026-12-06h.md). Two parallel nests: the row-block loop
-# and the K^T packing pass the imported programs have (a transpose in the group or a copy).
+# until transposing copies are priced per gather. The prefill kernels' 0.85 is further still
+# from what the decode kernel reaches: with it, decode plans measured 0.96-1.02x those of 0.55
+# at 1 thread in a quiet run, where two builds of one plan differ by 0.98-1.02x
+# (docs/log/2026-12-06h.md). Two parallel nests: the row-block loop and the K^T packing pass
+# the imported programs have (a transpose in the group or a copy).
 _ONE_ROW_SHARE = 0.55
 
 
 def _one_row_share(work, lanes: int, registers: int) -> float | None:
     """The share of a contraction with one query row per head (a decode step's scores and
-    ``P V``; ``attention_decode.py``), None for the prefill kernel's (the card's 0.85)."""
+    ``P V``, the one-row kernel of ``attention_decode.py``), None for the row-block kernel's
+    (the card's 0.85): the one-row kernel reaches less than either (above), and 0.85 moved
+    decode plans by more than the spread of their builds. A block read without a geometry
+    (symbolic extents) keeps the card's share."""
     g = work.geometry
     return _ONE_ROW_SHARE if g is not None and g.gemm is not None and g.gemm.m == 1 else None
 

@@ -245,9 +245,9 @@ def _pointwise_share(work, lanes: int, registers: int) -> float | None:
     standalone tile): the tile's FMAs against its loads (``block`` broadcast weights and the
     pixel vectors per step) and the FMA latency, times the GEMM path's best case and its
     init / write-back term, times the share of its vectors' lanes the image's pixels fill: the
-    last vector of an image runs whole. At 7 x 7 the 49 pixels take three vectors and a
-    one-pixel tail; those pairs ran 0.68-0.90x their two kernels in-model where the tile alone
-    priced them even (``lab/chain_price.py``, docs/log/2026-12-06g.md)."""
+    last vector of an image runs whole. At 7 x 7 on 16 lanes the 49 pixels take three vectors
+    and a one-pixel tail; those pairs ran 0.68-0.90x their two kernels in-model, which the tile
+    term alone prices even (``lab/chain_price.py``, docs/log/2026-12-06g.md)."""
     g = work.geometry
     if g is None or g.depthwise is not None or g.gemm is None:
         return None

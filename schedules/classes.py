@@ -35,12 +35,12 @@ class ScheduleClass(enum.StrEnum):
     FALLBACK = "fallback"
 
 
-#: Final classes with no one-hot column of their own: the stored learned models
-#: (``tuning_logs/``) were first trained without them. Their one-hot is all zeros, so no row of
-#: another class lies within the coverage radius of such a group, and the learned model answers
-#: it analytically (``cost/learned.py``) unless rows of the class lie near (znver4's rows hold
-#: the zoo's chains since 2026-12-06). The class moves to the end of :data:`FINAL` when every
-#: stored model is retrained with its own host's rows of it.
+#: Final classes with no one-hot column of their own: a column changes every stored learned
+#: model's inputs (``tuning_logs/``), and a host's model is retrained on that host's rows only.
+#: Their one-hot is all zeros, so no row of another class lies within the coverage radius of
+#: such a group: the learned model answers it analytically (``cost/learned.py``) unless rows of
+#: the class lie near (znver4's rows hold the zoo's chains). The class moves to the end of
+#: :data:`FINAL` when every stored model is retrained with rows of it.
 UNLEARNED = (ScheduleClass.CONTRACTION_CHAIN,)
 
 #: The classes a kernel finally gets (``schedule_on``), in the learned model's one-hot order.

@@ -55,7 +55,7 @@ __all__ = ["ConvGeometry", "GemmGeometry", "Geometry", "describe", "fraction_of_
 K0 = 9.2
 # The same for the GEMM micro-kernel, whose tile writes whole vectors of the output in place
 # (with the pixels merged into the columns, ``columns.py``): fitted with the corpus's pointwise
-# convolutions, K = 16-192 (``fit_efficiency.py --gemm-only``).
+# convolutions, K = 16-960 (``fit_efficiency.py --gemm-only``).
 K0_GEMM = 1.7
 # Best-case share of each path after tile padding and the K term (fitted).
 E_PATH = {"gemm": 1.0, "conv": 1.0, "tiled": 0.82}

@@ -17,11 +17,12 @@ import tvm
 import tvm_ffi
 from conftest import compacted, fused_kernel, kernels
 from tvm import tirx
-from tvm_costfuse.schedules import Attention, schedule_pass
+from tvm_costfuse.schedules import Attention, attention, schedule_pass
 from tvm_costfuse.schedules.attention import ATTENTION_CARD
 from tvm_costfuse.schedules.classes import ScheduleClass
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy
+from tvm_costfuse.cost.analytical import estimate
 from tvm_costfuse.cost.extract import group_features
 from tvm_costfuse.measurement.timing import run
 from tvm_costfuse.partition import ApplyPartition
@@ -132,15 +133,26 @@ def test_planner_forms_one_attention_group_with_the_cache_copies() -> None:
     assert sum(k.startswith("concatenate") for k in kinds) >= 2  # K and V read from the cache
 
 
-def test_one_query_row_keeps_its_own_share() -> None:
+def test_one_query_row_keeps_its_own_share(monkeypatch) -> None:
     """The attention card prices a prefill kernel's contractions at 0.85 of peak (what the
     per-head matmuls reach) and a decode step's, one query row per head, at 0.55: the decode
-    kernel reaches far less than either (``schedules/attention.py``)."""
-    def shares(mod) -> list:
+    kernel reaches far less than either (``schedules/attention.py``); the analytical model
+    prices the decode step by that share."""
+    def features(mod):
         f = group_features(build_graph(mod), kernels(mod))
         assert f.schedule_on("cpu") == ScheduleClass.ATTENTION
-        return [ATTENTION_CARD.share(w, 16, 32) for w in f.op_work if w.contraction]
+        return f
 
-    assert shares(_program(2, 6, 1024, 64)[0]) == [0.55, 0.55]
-    assert shares(attention_program(1, 4, 64, 32)[0]) == [None, None]
+    decode = features(_program(2, 6, 1024, 64)[0])
+    prefill = features(attention_program(1, 4, 64, 32)[0])
+    for f, rows in ((decode, {1}), (prefill, {64})):  # the rows each kernel's geometry reads
+        assert {w.geometry.gemm.m for w in f.op_work if w.contraction} == rows
+    assert [ATTENTION_CARD.share(w, 16, 32) for w in decode.op_work if w.contraction] == [
+        0.55, 0.55]
+    assert [ATTENTION_CARD.share(w, 16, 32) for w in prefill.op_work if w.contraction] == [
+        None, None]
     assert ATTENTION_CARD.contraction_rate("cpu", 1.0) == 0.85
+    target = host(1, calibration=False)
+    at_055 = estimate(decode, target).breakdown["compute"]
+    monkeypatch.setattr(attention, "_ONE_ROW_SHARE", 0.85)
+    assert estimate(decode, target).breakdown["compute"] < at_055

@@ -117,7 +117,7 @@ def test_analytical_prices_a_short_reduction_slower_per_flop():
         name = next(n.name for n in graph.nodes if n.geometry is not None)
         f = group_features(graph, [name])
         times.append(analytical.estimate(f, target).breakdown["compute"])
-    assert times[0] > 1.02 * times[1]  # K0_GEMM = 1.7 steps per tile: 2.5% at K = 64
+    assert times[0] > 1.015 * times[1]  # K0_GEMM = 1.7 steps per tile: 2.5% at K = 64
 
 
 @pytest.mark.parametrize("regs", [AVX512, AVX2])

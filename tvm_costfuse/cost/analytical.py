@@ -40,8 +40,8 @@ _CPU_MATH_CORE_SECONDS = 1.74e-9
 _CUDA_MATH_CORE_SECONDS = 0.0
 # An operand a kernel reads again per tile (``Card.rereads``) costs nothing more while it fits
 # this share of one core's L2: it is served from there, as the tile's own loads. The channel
-# chains' 0.8 MB input images (112 x 112) ran 1.18-1.82x faster chained on a 1 MiB L2, where
-# half of it had priced 12 reads from the L3 (docs/log/2026-12-06g.md).
+# chains' 0.8 MB input images (112 x 112, read 12 times) ran 1.18-1.82x faster chained than
+# split on a 1 MiB L2 (docs/log/2026-12-06g.md); priced from the L3 they would lose.
 _REREAD_L2_SHARE = 1.0
 # Memory and compute overlap well in streaming loops (hardware prefetch, warps hiding latency).
 _OVERLAP = 0.8
