@@ -3,8 +3,9 @@
 The measured share of the FMA-chain peak per kernel is ``scripts/bench_kernels.py --peak``'s
 ``tvm/peak`` column on znver4 (1 thread, 2026-12-06, kernels with their register tiles on the
 stack; docs/log/2026-12-06g.md). The module's constants are this fit (E_PATH["gemm"] held at
-1.0; measured end to end and landed, docs/log/2026-12-06h.md). Here the built-in GEMMs read as activation GEMMs (their weights are
-not constants in ``bench_kernels``' modules), so ``E_ACTIVATION`` enters their fit. The
+1.0; measured end to end and landed, docs/log/2026-12-06h.md). Here the built-in GEMMs read as
+activation GEMMs (their weights are not constants in ``bench_kernels``' modules), so
+``E_ACTIVATION`` enters their fit. The
 geometry of each kernel is read the way the cost model reads it (``graph.build_graph`` on the prepared module), so the
 fit sees exactly what the planner will. Prints each kernel's predicted and measured share, the
 fitted constants, and how far the single contraction share (0.55, now the contraction card's fallback) was from
