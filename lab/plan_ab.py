@@ -11,6 +11,11 @@ pipeline finds it (calibrated unless ``TVM_COSTFUSE_CALIBRATION=none``)::
         --old tvm_costfuse.schedules.efficiency.E_ACTIVATION=1.0
 
 (``MODULE.OBJECT.ATTR`` sets an object's attribute, a frozen card's field among them.)
+
+``--builds N`` compiles each variant N times and times every build in the same interleaved
+rounds: two builds of one plan in one process can differ by 2% on a decode step, once by 18%
+(docs/log/2026-12-06g.md, 2026-12-06h.md), so a variant's time is the median of its builds'
+medians, and the spread between its fastest and slowest build is printed beside it.
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--builds", type=int, default=1, help="compilations per variant")
     ap.add_argument("--old", action="append", required=True, metavar="MODULE[.OBJECT].ATTR=EXPR")
     args = ap.parse_args()
     settings = [_parse(s) for s in args.old]
@@ -86,27 +92,36 @@ def main() -> None:
         target = host_target(args.threads)
         _thread_pool(args.threads)
         samplers, kernels, outs = {}, {}, {}
-        for label, strategy in (("old", "costfuse"), ("new", "costfuse"), ("tvm", "tvm")):
-            def build():
-                return tvm.compile(mod, target=target,
-                                   relax_pipeline=strategy_pipeline(strategy, target),
-                                   tir_pipeline=tir_pipeline())
-            if label == "old":
-                with overridden(settings):
+        variants = (("old", "costfuse"), ("new", "costfuse"), ("tvm", "tvm"))
+        for i in range(args.builds):
+            for label, strategy in variants if i % 2 == 0 else variants[::-1]:
+                def build():
+                    return tvm.compile(mod, target=target,
+                                       relax_pipeline=strategy_pipeline(strategy, target),
+                                       tir_pipeline=tir_pipeline())
+                if label == "old":
+                    with overridden(settings):
+                        ex = build()
+                else:
                     ex = build()
-            else:
-                ex = build()
-            calls: list = []
-            outs[label] = run(ex, inputs, calls=calls)[0]
-            kernels[label] = len(calls)
-            samplers[label] = _with_threads(vm_sampler(ex, inputs, min_ms=50), args.threads)
+                calls: list = []
+                out = run(ex, inputs, calls=calls)[0]
+                outs.setdefault(label, out)
+                kernels[label] = len(calls)
+                samplers[f"{label}#{i}"] = _with_threads(vm_sampler(ex, inputs, min_ms=50),
+                                                         args.threads)
         scale = max(1e-30, float(np.abs(outs["tvm"]).max()))
         err = {k: float(np.abs(v - outs["tvm"]).max()) / scale for k, v in outs.items()}
         with OtherLoad() as load:
             timed = interleave(samplers, args.repeat)
-        ms = {k: float(np.median(v)) * 1e3 for k, v in timed.items()}
-        print(f"{name} threads={args.threads} load={load.cores:.2f} kernels={kernels} "
+        per_build = {label: [float(np.median(timed[f"{label}#{i}"])) * 1e3
+                             for i in range(args.builds)] for label, _ in variants}
+        ms = {k: float(np.median(v)) for k, v in per_build.items()}
+        spread = {k: max(v) / min(v) for k, v in per_build.items()}
+        print(f"{name} threads={args.threads} builds={args.builds} load={load.cores:.2f} "
+              f"kernels={kernels} "
               + " ".join(f"{k}={v:.2f}ms" for k, v in ms.items())
+              + " build spread " + " ".join(f"{k}={v:.3f}" for k, v in spread.items())
               + f" new/old speed={ms['old'] / ms['new']:.3f}"
               f" new vs FuseOps={ms['tvm'] / ms['new']:.3f}"
               f" max rel err vs FuseOps old={err['old']:.1e} new={err['new']:.1e}", flush=True)
