@@ -133,9 +133,9 @@ def _claims_attention(f, kind: str) -> bool:
 # Priced at its measured share (0.075), the fused kernel loses to that copy on paper and the
 # planner keeps FuseOps' kernels, 1.45-1.88x slower as measured; so both stay as they are
 # until transposing copies are priced per gather. The prefill kernels' 0.85 is further still
-# from what the decode kernel reaches: with it, decode plans measured 0.96-1.02x those of 0.55
-# at 1 thread in a quiet run, where two builds of one plan differ by 0.98-1.02x
-# (docs/log/2026-12-06h.md). Two parallel nests: the row-block loop and the K^T packing pass
+# from what the decode kernel reaches, with nothing measured for it: decode plans priced with
+# it ran 0.96-1.02x those of 0.55 at 1 thread, within the 1.05-1.10x spread of three builds of
+# one plan (docs/log/2026-12-06h.md). Two parallel nests: the row-block loop and the K^T packing pass
 # the imported programs have (a transpose in the group or a copy).
 _ONE_ROW_SHARE = 0.55
 
@@ -143,9 +143,9 @@ _ONE_ROW_SHARE = 0.55
 def _one_row_share(work, lanes: int, registers: int) -> float | None:
     """The share of a contraction with one query row per head (a decode step's scores and
     ``P V``, the one-row kernel of ``attention_decode.py``), None for the row-block kernel's
-    (the card's 0.85): the one-row kernel reaches less than either (above), and 0.85 moved
-    decode plans by more than the spread of their builds. A block read without a geometry
-    (symbolic extents) keeps the card's share."""
+    (the card's 0.85): the one-row kernel reaches less than either (above), so it is not
+    priced further from what it runs. A block read without a geometry (symbolic extents)
+    keeps the card's share."""
     g = work.geometry
     return _ONE_ROW_SHARE if g is not None and g.gemm is not None and g.gemm.m == 1 else None
 
