@@ -105,13 +105,14 @@ def main() -> None:
                 else:
                     ex = build()
                 calls: list = []
-                out = run(ex, inputs, calls=calls)[0]
-                outs.setdefault(label, out)
+                outs[f"{label}#{i}"] = run(ex, inputs, calls=calls)[0]
                 kernels[label] = len(calls)
                 samplers[f"{label}#{i}"] = _with_threads(vm_sampler(ex, inputs, min_ms=50),
                                                          args.threads)
-        scale = max(1e-30, float(np.abs(outs["tvm"]).max()))
-        err = {k: float(np.abs(v - outs["tvm"]).max()) / scale for k, v in outs.items()}
+        ref = outs["tvm#0"]
+        scale = max(1e-30, float(np.abs(ref).max()))
+        err = {label: max(float(np.abs(outs[f"{label}#{i}"] - ref).max()) / scale
+                          for i in range(args.builds)) for label, _ in variants}
         with OtherLoad() as load:
             timed = interleave(samplers, args.repeat)
         per_build = {label: [float(np.median(timed[f"{label}#{i}"])) * 1e3

@@ -45,7 +45,7 @@ from ._loops import PARTITION_HINT, SafeRule, split_loops
 from .card import Card
 from .classes import ScheduleClass
 from .contraction import contraction_operands
-from .efficiency import E_PATH, K0_GEMM
+from .efficiency import E_PATH, K0_GEMM, lane_fill
 from .gemm_tile import FMA_LATENCY, LOADS_PER_CYCLE, accumulator_budget
 from .reduction import reciprocal_divisions
 
@@ -256,8 +256,7 @@ def _pointwise_share(work, lanes: int, registers: int) -> float | None:
     vectors = pixel_vectors(pixels, block, lanes, registers)
     fmas = block * vectors
     step = max(fmas / 2, (block + vectors) / LOADS_PER_CYCLE, FMA_LATENCY)
-    fill = pixels / (lanes * -(-pixels // lanes))
-    return E_PATH["gemm"] * (fmas / 2) / step * g.k / (g.k + K0_GEMM) * fill
+    return E_PATH["gemm"] * (fmas / 2) / step * g.k / (g.k + K0_GEMM) * lane_fill(pixels, lanes)
 
 
 def _pointwise_tile(sch, pw, epilogue, par, block: int, lanes: int, registers: int):

@@ -49,7 +49,7 @@ from .conv import choose_conv_tile
 from .gemm_tile import FMA_LATENCY, LOADS_PER_CYCLE, pick_tile, tile_cycles
 from .prepack import layout_free
 
-__all__ = ["ConvGeometry", "GemmGeometry", "Geometry", "describe", "fraction_of_peak"]
+__all__ = ["ConvGeometry", "GemmGeometry", "Geometry", "describe", "fraction_of_peak", "lane_fill"]
 
 # Reduction steps' worth of work per tile outside the reduction loop (fitted; see module doc).
 K0 = 9.2
@@ -189,6 +189,12 @@ def _conv_share(g: ConvGeometry, lanes: int, registers: int) -> float | None:
     return (channels * height * width / lanes / 2) / (tiles * step)
 
 
+def lane_fill(extent: int, lanes: int) -> float:
+    """Share of the lanes of ``extent``'s vectors that hold elements: the last, partial
+    vector of a row runs whole."""
+    return extent / (-(-extent // lanes) * lanes)
+
+
 def k0_of(path: str) -> float:
     """The init/write-back term of ``path``'s kernel, in reduction steps."""
     return K0_GEMM if path == "gemm" else K0
@@ -213,5 +219,4 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
         return "conv", E_PATH["conv"] * share * reduce
     if g.depthwise is not None:
         return "depthwise", E_DEPTHWISE.get(g.depthwise, E_DEPTHWISE[2]) * reduce
-    fill = g.tiled / (-(-g.tiled // lanes) * lanes)
-    return "tiled", E_PATH["tiled"] * fill * reduce
+    return "tiled", E_PATH["tiled"] * lane_fill(g.tiled, lanes) * reduce
