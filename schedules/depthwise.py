@@ -236,8 +236,8 @@ def order_parity_last(sch: s_tir.Schedule, plane) -> list:
 
 def unroll_short_row(sch: s_tir.Schedule, plane, lanes: int) -> None:
     """Unroll a deinterleaved plane's half-column loop where it has at most one vector of
-    half-columns and the padded row (both halves) is a whole number of vectors
-    (:func:`order_parity_last` must have run).
+    half-columns, the padded row (both halves) is a whole number of vectors, and the left pad
+    is odd (:func:`order_parity_last` must have run).
 
     Inside the channel chain (``chain.py``), whose plane copies a buffer the kernel allocates
     itself, LLVM's loop vectorizer made the 8-iteration loop of a 14-wide row a
@@ -247,12 +247,28 @@ def unroll_short_row(sch: s_tir.Schedule, plane, lanes: int) -> None:
     Unrolled, the SLP vectorizer loads the row as whole vectors and splits it with
     ``vpermps`` / ``vshufps``: the chain ran 1.33x (96 -> 576) and 1.49x (64 -> 384) faster
     (znver4, 1 thread, one process; ``lab/chain_unroll_ab.py``). AVX2 has no scatter: there
-    it measured the same either way (0.98-1.00x). A row of 9 half-columns (a 5x5 window)
-    unrolled stayed scalar, so other lengths keep the loop."""
+    it measured the same either way (0.98-1.00x).
+
+    The gather comes with an odd left pad (a 3x3 window), where even half-columns copy odd
+    source columns. With an even pad (a 5x5 window) parity maps to parity: the loop vectorizer
+    shuffles, and the unrolled row stays scalar (``vmovss``): 40 -> 240 channels at 28 x 28,
+    5 x 5, stride 2 ran 0.51 ms unrolled against 0.33 ms as a loop (12 x 12: 0.076 against
+    0.063; znver4, 1 thread). So only an odd pad is unrolled."""
     half = sch.get_loops(plane)[-2]
     extent = int(sch.get(half).extent)
-    if (2 * extent) % lanes == 0 and extent <= lanes:
+    if (2 * extent) % lanes == 0 and extent <= lanes and _odd_left_pad(sch.get(plane)):
         sch.unroll(half)
+
+
+def _odd_left_pad(plane: tirx.SBlock) -> bool:
+    """Whether a deinterleaved plane's even half-columns read odd columns of its source: the
+    source index at parity 0 is odd for every half-column (the row's pad is odd; an image row
+    merged with its rows keeps that parity, being of even width where it is deinterleaved)."""
+    parity = plane.iter_vars[-2]
+    analyzer = Analyzer()
+    analyzer.bind(parity.var, ir.Range.from_min_extent(parity.dom.min, 1))
+    index = analyzer.modular_set(plane.reads[0].region[-1].min)
+    return index.coeff % 2 == 0 and index.base % 2 == 1
 
 
 def vectorize_last(sch: s_tir.Schedule, block, lanes: int) -> None:

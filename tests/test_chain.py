@@ -108,10 +108,11 @@ def test_one_parallel_loop_over_channel_blocks(target) -> None:
 
 
 # (image side, window, unrolled on AVX2, unrolled on AVX-512): the plane row of a stride-2
-# chain has (side + window - 1) // 2 half-columns, unrolled when they are at most one vector
-# and twice them a whole number of vectors
+# chain has (side + window - 1) // 2 half-columns, unrolled when they are at most one vector,
+# twice them a whole number of vectors, and the pad (window // 2) odd
 SHORT_ROWS = [(14, 3, True, True), (30, 3, False, True), (6, 3, True, False),
-              (14, 5, False, False), (56, 3, False, False)]
+              (14, 5, False, False), (56, 3, False, False), (28, 5, False, False),
+              (12, 5, False, False)]
 
 
 @pytest.mark.parametrize("case", SHORT_ROWS, ids=lambda c: f"{c[0]}x{c[0]}k{c[1]}")
@@ -119,7 +120,8 @@ SHORT_ROWS = [(14, 3, True, True), (30, 3, False, True), (6, 3, True, False),
 def test_a_short_deinterleaved_row_is_copied_unrolled(target, case) -> None:
     """``depthwise.unroll_short_row``: LLVM's loop vectorizer made the 8 half-columns of a
     14-wide image a gather and a scatter; unrolled, the SLP vectorizer shuffles whole
-    vectors. Other lengths keep their loop."""
+    vectors. Other lengths keep their loop, and so does an even pad (a 5x5 window), which
+    the loop vectorizer shuffles and which unrolled stayed scalar."""
     side, k, on_avx2, on_avx512 = case
     mod, _ = channel_chain_program(1, 16, 64, side, side, k, stride=2, padding=k // 2)
     with target:

@@ -135,6 +135,8 @@ USER_ERRORS = [
     (["evaluate", "--margin", "2"], "--margin"),
     (["evaluate", "--work-dir", "/no/such/folder"], "/no/such/folder"),
     (["refeature", "--work-dir", "/proc/costfuse"], "cannot write in /proc"),
+    (["restamp", "--work-dir", "/proc/costfuse"], "cannot write in /proc"),
+    (["restamp", "--work-dir", "/tmp/costfuse-no-rows-here"], "no measured groups"),
     (["bench", "rmsnorm", "--plot", "/tmp/bench.notanimage"], "image format"),
     (["bench", "rmsnorm", "--strategies", "tvm", "--plot", "/tmp/bench.png"], "--plot"),
     (["demo", "--repeat", "0"], "--repeat"),

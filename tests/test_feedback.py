@@ -22,7 +22,13 @@ from tvm_costfuse.tuning.feedback import (
     measure_model,
 )
 from tvm_costfuse.tuning.runners import build_and_time, check_rpc_tracker
-from tvm_costfuse.tuning.versions import KERNEL_SOURCES, digest, kernel_version
+from tvm_costfuse.tuning.versions import (
+    KERNEL_SOURCES,
+    digest,
+    harness_version,
+    kernel_hash,
+    kernel_version,
+)
 
 GROUPS = [("matmul",), ("add",), ("matmul", "add")]
 FAST = MeasureConfig(repeat=2, min_repeat_ms=5, timeout_s=120)
@@ -373,3 +379,69 @@ def test_cuda_kernel_without_nvcc_is_still_recorded_with_the_reason(monkeypatch)
         assert out["run_secs"] == [] and out["not_timed"] == "no GPU present"
     else:
         assert out["run_secs"] and all(0 < t < 1 for t in out["run_secs"])
+
+
+def test_a_kernels_hash_is_what_it_compiles_to():
+    """``versions.kernel_hash``: the same scheduled kernel hashes alike each time; the same
+    group left unscheduled (another kernel) does not."""
+    mod, _ = prepared("mlp_gelu")
+    graph = build_graph(mod)
+    func, _ = feedback.group_kernel_and_outputs(mod, graph, ["matmul", "add"])
+    target = host_target()
+    scheduled = feedback.schedule_kernel(func, target)[0]
+    again = feedback.schedule_kernel(func, target)[0]
+    assert kernel_hash(scheduled, target) == kernel_hash(again, target)
+    plain = feedback.backend(target).finish(func)
+    assert kernel_hash(plain, target) != kernel_hash(scheduled, target)
+
+
+# the name the rows of ``_measure``'s small shapes go under, as ``restamp`` rebuilds them
+SMALL = "mlp_gelu@small"
+
+
+def test_restamp_keeps_the_rows_whose_kernel_an_edit_left_alone(tmp_path, monkeypatch):
+    """After an edit of the kernel code (another digest), ``restamp`` restamps a row whose
+    kernel and harness are unchanged and leaves stale the one whose kernel changed and the ones
+    it cannot vouch for; ``tune`` then measures exactly those."""
+    from tvm_costfuse.tuning import restamp as restamp_module
+
+    first = _measure(tmp_path, model=SMALL)
+    assert first.measured == 3, first.errors
+    db = GroupDatabase(tmp_path)
+    rows = db.rows()
+    assert all(len(r["kernel_hash"]) == 16 and r["harness"] == harness_version() for r in rows)
+    before = rows[0]["kernels"]
+    changed = {**rows[1], "kernel_hash": "0" * 16}  # timed a kernel the code builds no more
+    old_harness = {**rows[2], "harness": "another-harness"}
+    with db.writing():
+        db.rewrite_rows([rows[0], changed, old_harness])
+    monkeypatch.setattr(restamp_module, "kernel_version", lambda: "after-the-edit")
+    summary = restamp_module.restamp(tmp_path, "host")
+    assert (summary.restamped, summary.changed, summary.unverifiable) == (1, 1, 1)
+    assert not summary.missing
+    assert [r["kernels"] for r in GroupDatabase(tmp_path).rows()] == [
+        "after-the-edit", before, before]
+    monkeypatch.setattr(feedback, "kernel_version", lambda: "after-the-edit")
+    again = _measure(tmp_path, model=SMALL)
+    assert (again.measured, again.skipped, again.stale) == (2, 1, 2), again.errors
+
+
+def test_restamp_hashes_current_rows_recorded_without_a_hash(tmp_path):
+    """Rows stamped with today's digest but recorded before rows had a hash get the hash of
+    the kernel the current code builds (the one they timed); a row whose model no longer
+    loads keeps its row and is named."""
+    from tvm_costfuse.tuning.restamp import restamp
+
+    assert _measure(tmp_path, model=SMALL).measured == 3
+    db = GroupDatabase(tmp_path)
+    rows = db.rows()
+    hashes = [r["kernel_hash"] for r in rows]
+    bare = [{k: v for k, v in r.items() if k not in ("kernel_hash", "harness")} for r in rows]
+    lost = {**bare[0], "model": "no_such_model_anymore"}
+    with db.writing():
+        db.rewrite_rows([*bare, lost])
+    summary = restamp(tmp_path, "host")
+    assert (summary.current, summary.hashed) == (4, 3)
+    assert list(summary.missing) == ["no_such_model_anymore"]
+    after = GroupDatabase(tmp_path).rows()
+    assert [r.get("kernel_hash") for r in after] == [*hashes, None]

@@ -255,7 +255,7 @@ def test_refeature_recomputes_the_folded_rows_when_the_unfolded_graph_fails(tmp_
     """A model whose unfolded graph does not build recomputes the rows its folded graph holds
     and is not reported as not loading: only the rows that needed the unfolded graph are kept,
     each named with both causes."""
-    from tvm_costfuse.tuning import feedback
+    from tvm_costfuse.tuning import recorded
     from tvm_costfuse.tuning.feedback import feature_row
 
     folded = build_graph(prepare(models.load("conv_bn_relu", small=True)[0]))
@@ -274,7 +274,7 @@ def test_refeature_recomputes_the_folded_rows_when_the_unfolded_graph_fails(tmp_
             raise ValueError("unfolded import broke")
         return prepare(mod, target, fold=fold)
 
-    monkeypatch.setattr(feedback, "prepare", prepare_folded_only)
+    monkeypatch.setattr(recorded, "prepare", prepare_folded_only)
     recomputed, n_models, missing = refeature(tmp_path, "host")
     assert (recomputed, n_models) == (2, 1)
     assert list(missing) == ["conv_bn_relu@small: batch_norm"]
@@ -286,7 +286,7 @@ def test_refeature_recomputes_the_folded_rows_when_the_unfolded_graph_fails(tmp_
 def test_refeature_tries_the_unfolded_graph_when_the_folded_one_fails(tmp_path, monkeypatch):
     """A folded graph that does not build leaves the rows recorded on the unfolded graph to it;
     where neither builds, the model's rows are kept under one line naming both causes."""
-    from tvm_costfuse.tuning import feedback
+    from tvm_costfuse.tuning import recorded
     from tvm_costfuse.tuning.feedback import feature_row
 
     unfolded = build_graph(prepare(models.load("conv_bn_relu", small=True)[0], fold=False))
@@ -301,9 +301,9 @@ def test_refeature_tries_the_unfolded_graph_when_the_folded_one_fails(tmp_path, 
             return prepare(mod, target, fold=fold)
         return prepare_or_fail
 
-    monkeypatch.setattr(feedback, "prepare", failing(True, False))
+    monkeypatch.setattr(recorded, "prepare", failing(True, False))
     assert refeature(tmp_path, "host")[:2] == (1, 1)
-    monkeypatch.setattr(feedback, "prepare", failing(True, True))
+    monkeypatch.setattr(recorded, "prepare", failing(True, True))
     recomputed, n_models, missing = refeature(tmp_path, "host")
     assert (recomputed, n_models, list(missing)) == (0, 0, ["conv_bn_relu@small"])
     assert "folded import broke" in missing["conv_bn_relu@small"]

@@ -1,16 +1,15 @@
 """The ``costfuse`` command: cost-model-driven operator fusion for TVM, from the shell.
 
-Its parser is in ``cli_args`` and the checks of each value in ``cli_types``; here are the
-commands. ``demo`` is the README's main job: it compiles a zoo model under several fusion
-strategies, checks that they compute the same thing, and prints kernels launched and measured
-latency side by side (one process, one machine state: ratios, not absolute numbers, are the
-claim).
+Its parser is in ``cli_args``, the checks of each value in ``cli_types``, the commands on
+``tuning_logs/`` in ``cli_tune``; here are the others. ``demo`` is the README's main job: it
+compiles a zoo model under several fusion strategies, checks that they compute the same thing,
+and prints kernels launched and measured latency side by side (one process, one machine state:
+ratios, not absolute numbers, are the claim).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -20,30 +19,18 @@ import numpy as np
 import tvm
 
 from . import models
-from .cli_args import DEMO_MODELS, DEMO_NOTES, build_parser, check_tune
-from .cli_types import UsageError
+from .cli_args import DEMO_MODELS, DEMO_NOTES, build_parser
+from .cli_tune import cmd_evaluate, cmd_refeature, cmd_restamp, cmd_tune
+from .cli_types import UsageError, load_model
 from .cost.learned import ModelFileError
 from .graph import build_graph
 from .measurement.timing import assert_close, interleaved_medians, run
 from .partition import fuseops_groups
 from .pipelines import prepare
 from .records.database import headline
-from .records.integrity import DatabaseLocked, exclusive
+from .records.integrity import DatabaseLocked
 from .strategies import STRATEGIES, strategy_pipeline, tir_pipeline
-from .targets import host_target, resolve
-
-
-def _load(spec: str, small: bool, loader=models.load):
-    """``loader(spec, small=small)`` (``models.load``); a user's file or function that does
-    not load is a UsageError (a registry model that does not load is a bug, and raises as it
-    is)."""
-    if spec in models.names():
-        return loader(spec, small=small)
-    try:
-        return loader(spec, small=small)
-    except Exception as err:
-        raise UsageError(f"cannot load model {spec!r}: {type(err).__name__}: "
-                         f"{headline(str(err))}") from err
+from .targets import host_target
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -58,7 +45,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _demo(spec: str, small: bool, repeat: int) -> None:
     """One model under every strategy: kernels, compile time, latency, the decisions."""
-    mod, inputs = _load(spec, small)
+    mod, inputs = load_model(spec, small)
     target = host_target()
     print(f"model {spec}{' (small)' if small else ''}, target {target}")
     if spec in DEMO_NOTES and not small:  # the notes' shapes are the full ones
@@ -97,7 +84,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         check_request(args.strategy, config, args.report, args.target, args.verify)
     except ValueError as err:
         raise UsageError(str(err)) from err
-    mod, inputs = _load(args.model, small=False)
+    mod, inputs = load_model(args.model, small=False)
     summary = compile_model(mod, args.output, target=args.target, strategy=args.strategy,
                             config=config, report=args.report, inputs=inputs,
                             verify=args.verify, name=args.model)
@@ -143,7 +130,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"{len(args.strategies)} strategies and {len(args.peers)} peers at "
                       f"{', '.join(map(str, args.threads))} thread(s)", file=sys.stderr,
                       flush=True)
-            w = _load(spec, args.small, workload)
+            w = load_model(spec, args.small, workload)
             try:  # a model that fails is a row saying so; the rows timed so far are kept
                 rows.append(bench(w, args.threads, args.repeat, tmp, tuple(args.strategies),
                                   tuple(args.peers), (lambda _t: bar.update(1)) if bar else None))
@@ -179,7 +166,7 @@ def cmd_regret(args: argparse.Namespace) -> int:
     from .export import short_target
     from .report.regret import rows, summary, table
 
-    done = rows(args.models, args.threads, args.repeat, lambda s: _load(s, args.small),
+    done = rows(args.models, args.threads, args.repeat, lambda s: load_model(s, args.small),
                 lambda msg: print(f"regret {msg}", file=sys.stderr, flush=True))
     text = "\n".join([table(done), *summary(done, args.threads)])
     print(f"host {short_target(host_target())}, {len(os.sched_getaffinity(0))} CPUs, "
@@ -207,7 +194,7 @@ def cmd_models(_args: argparse.Namespace) -> int:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    mod, _ = _load(args.model, args.small)
+    mod, _ = load_model(args.model, args.small)
     mod = prepare(mod)
     graph = build_graph(mod)
     group_of = {n: i for i, g in enumerate(fuseops_groups(mod)) for n in g}
@@ -254,92 +241,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    """Measure one kind of label (``tuning.labels``) for each model variant asked for, most
-    consequential first (the greedy planner weighs merges in order of predicted gain); after
-    candidate groups, retrain the learned model and re-plan each model with it."""
-    from .records.database import FEATURES_FILE, default_work_dir
-    from .tuning import labels
-
-    check_tune(args)
-    resolved = resolve(args.target)  # a GPU preset: CUDA kernels, ptxas always, timed on a GPU
-    work_dir = Path(args.work_dir or default_work_dir(resolved.tvm))
-    if args.retrain_only and not (work_dir / FEATURES_FILE).is_file():
-        raise UsageError(f"no measured groups in {work_dir} to retrain on")
-    if not args.wait:  # refuse a held folder before building anything (measuring re-checks)
-        work_dir.mkdir(parents=True, exist_ok=True)
-        with exclusive(work_dir):
-            pass
-    kind = args.labels
-    given = {} if args.budget is None else {
-        "budget": None if args.budget == "all" else args.budget}
-    if args.repeat:
-        given["repeat"] = args.repeat
-    opts = labels.LabelOptions.of(
-        kind, min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout,
-        processes=args.processes or 1, rpc_tracker=args.rpc_tracker, wait=args.wait, **given)
-    prepared = {}
-    for spec, small in labels.variants(args.models, args.size, args.synthetic):
-        mod, inputs = _load(spec, small)
-        name = models.variant_name(spec, small)  # as the rows record it
-        if args.retrain_only:
-            prepared[name] = prepare(mod, resolved.tvm)
-            continue
-        with _progress(f"tune {name}", opts.budget, kind) as log:
-            done = labels.LABELLERS[kind](name, mod, inputs, resolved, work_dir, opts, log)
-        for note in done.repairs:
-            print(f"repaired: {note}", file=sys.stderr)
-        print(done.line, flush=True)
-        prepared[name] = done.prepared
-    if kind == "groups":
-        print("\n".join(labels.retrain(work_dir, resolved, prepared)))
-    return 0
-
-
-@contextlib.contextmanager
-def _progress(title: str, total: int | None, kind: str):
-    """A progress bar over ``total`` groups or decisions, one a call of the log it yields (a
-    line each when tqdm is missing: progress is a convenience)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        yield lambda line: print(line, flush=True)
-        return
-    unit = "group" if kind == "groups" else "decision"
-    with tqdm(total=total, desc=title, unit=unit) as bar:
-        def log(line: str) -> None:
-            bar.update(1)
-            bar.set_postfix_str(line.strip()[-60:])
-
-        yield log
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Leave one unit out and score the cost models on its labels (``report.evaluate``)."""
-    from .records.database import FEATURES_FILE, default_work_dir
-    from .report.evaluate import EvalOptions, evaluate
-
-    target = resolve("host")
-    work_dir = Path(args.work_dir or default_work_dir(target.tvm))
-    if not (work_dir / FEATURES_FILE).is_file():
-        raise UsageError(f"no measured groups in {work_dir}: `costfuse tune` measures them")
-    opts = EvalOptions(by=args.by, seeds=args.seeds, margin=args.margin,
-                       min_records=args.min_records, train_side_by_side=args.train_side_by_side,
-                       train_synthetic=args.train_synthetic)
-    evaluate(work_dir, target.desc, opts, out=lambda line: print(line, flush=True))
-    return 0
-
-
-def cmd_refeature(args: argparse.Namespace) -> int:
-    from .tuning.feedback import refeature
-
-    rows, n_models, missing = refeature(args.work_dir, args.target)
-    print(f"recomputed the features of {rows} rows of {n_models} models")
-    for model, why in missing.items():
-        print(f"kept the rows of {model} as they were ({why})", file=sys.stderr)
-    return 0
-
-
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .measurement.calibrate import main as calibrate_main
 
@@ -353,7 +254,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 COMMANDS = {"demo": cmd_demo, "compile": cmd_compile, "bench": cmd_bench, "models": cmd_models,
             "graph": cmd_graph, "explain": cmd_explain, "compare": cmd_compare, "tune": cmd_tune,
             "regret": cmd_regret,
-            "evaluate": cmd_evaluate, "refeature": cmd_refeature, "calibrate": cmd_calibrate}
+            "evaluate": cmd_evaluate, "refeature": cmd_refeature, "restamp": cmd_restamp,
+            "calibrate": cmd_calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:

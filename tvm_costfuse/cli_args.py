@@ -265,6 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--work-dir", default=None, type=output_dir,
                      help="default tuning_logs/<target>/groups (TVM_COSTFUSE_TUNING_DIR moves it)")
     ref.set_defaults(cmd="refeature")
+    rst = sub.add_parser("restamp", help="after an edit of the kernel code: keep the recorded "
+                         "groups whose kernel it left unchanged (rebuilt and compared), so that "
+                         "`costfuse tune` measures only the others again")
+    rst.add_argument("--target", default="host", choices=preset_names(),
+                     help="target whose recorded groups to check (default: host)")
+    rst.add_argument("--work-dir", default=None, type=output_dir,
+                     help="default tuning_logs/<target>/groups (TVM_COSTFUSE_TUNING_DIR moves it)")
+    rst.set_defaults(cmd="restamp")
     cal = sub.add_parser("calibrate", help="measure this host's bandwidth, FLOP/s and launch cost")
     cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
     cal.add_argument("--cores", type=int_at_least(1), default=None,

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from . import models
 from .config import INT_RANGES
+from .records.database import headline
 
 __all__ = ["UsageError", "budget", "compare_models", "config_int", "csv_choices", "existing_dir",
-           "float_in", "int_at_least", "model_spec", "one_model", "output_dir", "output_file",
+           "float_in", "int_at_least", "load_model", "model_spec", "one_model", "output_dir", "output_file",
            "plot_file", "rpc_tracker", "target_spec", "tune_model"]
 
 
@@ -218,3 +219,16 @@ def rpc_tracker(text: str) -> str:
         return check_rpc_tracker(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def load_model(spec: str, small: bool, loader=models.load):
+    """``loader(spec, small=small)`` (``models.load``); a user's file or function that does
+    not load is a UsageError (a registry model that does not load is a bug, and raises as it
+    is)."""
+    if spec in models.names():
+        return loader(spec, small=small)
+    try:
+        return loader(spec, small=small)
+    except Exception as err:
+        raise UsageError(f"cannot load model {spec!r}: {type(err).__name__}: "
+                         f"{headline(str(err))}") from err

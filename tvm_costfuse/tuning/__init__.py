@@ -8,6 +8,9 @@
   runs them, and the learned model's retraining;
 - ``runners``      -- build and time one kernel (locally, over RPC, on a GPU), or several
   side by side;
-- ``versions``     -- the digest of the code a row's kernel was formed, scheduled and timed with;
+- ``versions``     -- the digest of the code a row's kernel was formed, scheduled and timed with,
+  and the hash of the kernel itself;
+- ``recorded``     -- the models behind stored rows, rebuilt by name;
+- ``restamp``      -- after an edit, the rows whose kernel it left unchanged keep their label;
 - ``metaschedule`` -- meta-schedule tuning of fused kernels and the pipeline that applies it.
 """

@@ -17,7 +17,8 @@ the learned model does not train on.
 
 Every row is stamped with ``versions.kernel_version()`` (a digest of the code that forms,
 schedules and times the kernel): a group or workload recorded under another stamp is measured
-again, since its time is of another kernel.
+again, since its time is of another kernel, unless ``restamp`` finds its kernel and harness
+unchanged (each row records both: ``kernel_hash``, ``harness``).
 
 Build and run happen in a worker process (TVM's ``PopenPoolExecutor``) under a timeout, as
 meta-schedule's LocalBuilder/LocalRunner do: a crash, an exception or a timeout fails that
@@ -43,7 +44,6 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .. import models
 from ..config import FusionConfig
 from ..cost.extract import group_features
 from ..cost.features import FEATURE_NAMES
@@ -63,6 +63,7 @@ from ..records.database import (
 from ..schedules import backend, first_rule
 from ..schedules.prepack import mark_constant_weights
 from ..targets import resolve
+from .recorded import RecordedModels
 from .runners import (
     MeasureConfig,
     _Runner,
@@ -70,7 +71,7 @@ from .runners import (
     check_rpc_tracker,
     runner_kind,
 )
-from .versions import kernel_version
+from .versions import harness_version, kernel_hash, kernel_version
 
 __all__ = ["MeasureConfig", "MeasureSummary", "build_and_profile_cuda", "candidate_groups",
            "group_kernel", "measure_model"]
@@ -286,13 +287,15 @@ def _measure_all(db, model, graph, prep, marked, cands, target, config, runner, 
             old = (db.row_for_hash(whash, timed=gpu, kernels=kernels)
                    if db.has_workload(whash) else None)
             if old is not None:
-                extra = {k: old[k] for k in ("ptxas", "not_timed", "failure") if k in old}
+                extra = {k: old[k] for k in ("ptxas", "not_timed", "failure", "kernel_hash",
+                                             "harness") if k in old}
                 db.append_row({**row, **extra, "workload_hash": whash, "measured": False,
                                "run_secs": old.get("run_secs", [FAILED_RUN_SECS]),
                                "error": old.get("error"), "target": str(target)})
                 summary.reused += 1
                 continue
             scheduled, trace = schedule_kernel(func, target)
+            row.update(kernel_hash=kernel_hash(scheduled, target), harness=harness_version())
             run_secs, error, extra = runner(scheduled, target, n_out)
             kind = failure_kind(error)
             if kind == "environment":
@@ -338,49 +341,19 @@ def refeature(work_dir=None, target=None) -> tuple[int, int, dict[str, str]]:
     """
     resolved = resolve(target or "host")
     db = GroupDatabase(work_dir or default_work_dir(resolved.tvm))
-    loaded: dict[str, tvm.IRModule] = {}
-    graphs: dict[tuple[str, bool], OpGraph] = {}
-    # why a model (key ``(model, None)``) or one of its graphs (``(model, fold)``) is not there:
-    # an unfolded graph that fails must not hide the rows the folded one recomputes
-    failed: dict[tuple[str, bool | None], str] = {}
+    recorded = RecordedModels(resolved.tvm)
     missing: dict[str, str] = {}
     rows, recomputed = [], 0
-
-    def graph_of(model: str, fold: bool) -> OpGraph | None:
-        key = (model, fold)
-        if key in graphs or key in failed or (model, None) in failed:
-            return graphs.get(key)
-        try:  # imported once, prepared folded and (where a row needs it) unfolded
-            if model not in loaded:
-                loaded[model] = models.load_variant(model)[0]
-        except Exception as err:  # noqa: BLE001 -- its rows are kept; the caller says why
-            failed[model, None] = "it does not load: " + \
-                f"{type(err).__name__}: {headline(str(err))}"[:200]
-            return None
-        try:
-            graphs[key] = build_graph(prepare(loaded[model], resolved.tvm, fold=fold))
-        except Exception as err:  # noqa: BLE001 -- as above
-            failed[key] = f"its {'folded' if fold else 'unfolded'} graph does not build: " + \
-                f"{type(err).__name__}: {headline(str(err))}"[:200]
-        return graphs.get(key)
-
     for row in db.rows():
         model, members = row["model"], row["members"]
-        graph = next((g for fold in (True, False) if (g := graph_of(model, fold)) is not None
-                      and all(m in g for m in members)), None)
-        if graph is None:
-            causes = [failed[model, f] for f in (True, False) if (model, f) in failed]
-            if (model, None) in failed:
-                missing[model] = failed[model, None]
-            elif len(causes) == 2:  # neither graph builds: one line for the model
-                missing[model] = "; ".join(causes)
-            else:
-                why = "; ".join(["members not in its graph", *causes])
-                missing[f"{model}: {'+'.join(members)[:60]}"] = why
+        found = recorded.for_row(model, members)
+        if found is None:
+            key, why = recorded.why_not(model, members)
+            missing[key] = why
             rows.append(row)
             continue
-        rows.append({**row, **feature_row(model, graph, members)})
+        rows.append({**row, **feature_row(model, found.graph, members)})
         recomputed += 1
     with db.writing(salvage=False):
         db.rewrite_rows(rows)
-    return recomputed, len({m for m, _ in graphs}), missing
+    return recomputed, recorded.models_built(), missing

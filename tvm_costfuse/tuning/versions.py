@@ -11,6 +11,14 @@ Why a digest of the source and not a number kept by hand: a number is bumped onl
 remembers that a change alters the kernels (the labels timed unfinished kernels for days that
 way, docs/log/2026-12-02.md). A digest re-measures after every edit of these files, comments
 included: a wasted measurement is cheaper than a wrong label.
+
+A digest cannot tell which rows an edit left alone, and re-measuring everything takes a whole
+tune run. So each row also records what it timed: :func:`kernel_hash`, the structural hash of
+its kernel lowered by the TIR pipeline the runner builds with, and :func:`harness_version`,
+the digest of the code around the kernel that times it (the runner, the timing, the build
+pipeline). ``restamp.py`` rebuilds a stale row's kernel: where both are unchanged, the row's
+time is a label of the current kernel and it takes the current stamp; every other row is
+measured again.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ import tvm
 
 from .. import schedules
 
-__all__ = ["KERNEL_SOURCES", "digest", "kernel_version"]
+__all__ = ["HARNESS_SOURCES", "KERNEL_SOURCES", "digest", "harness_version", "kernel_hash",
+           "kernel_version"]
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 _SCHEDULES = Path(schedules.__file__).resolve().parent  # schedules/ at the top of the repo
@@ -45,6 +54,14 @@ KERNEL_SOURCES = (
     *sorted((_PACKAGE / "fold").glob("*.py")),  # the weight folding ahead of the pipelines
     _PACKAGE / "measurement" / "timing.py",
 )
+# What times a kernel around its lowered body, beside the installed TVM (its LLVM codegen): the
+# runner's harness (a VM calling it, samples, thread pool), the timing helpers, the relax build
+# pipeline around the call. An edit here changes what a row's time means with the same kernel.
+HARNESS_SOURCES = (
+    _PACKAGE / "tuning" / "runners.py",
+    _PACKAGE / "measurement" / "timing.py",
+    _PACKAGE / "pipelines.py",
+)
 
 
 def digest(paths, tvm_version: str = tvm.__version__) -> str:
@@ -60,3 +77,25 @@ def digest(paths, tvm_version: str = tvm.__version__) -> str:
 def kernel_version() -> str:
     """The digest of :data:`KERNEL_SOURCES` with the installed TVM's version."""
     return digest(KERNEL_SOURCES)
+
+
+@functools.cache
+def harness_version() -> str:
+    """The digest of :data:`HARNESS_SOURCES` with the installed TVM's version."""
+    return digest(HARNESS_SOURCES)
+
+
+def kernel_hash(scheduled: tvm.tirx.PrimFunc, target: tvm.target.Target) -> str:
+    """16 hex digits: the structural hash of ``scheduled`` (a group's kernel after the rules and
+    the backend's finishing passes, as the runner receives it) lowered by the TIR pipeline the
+    runner builds with, up to code generation. Two kernels with one hash compile alike."""
+    import tvm_ffi
+
+    from ..strategies import tir_pipeline
+
+    host = target.host or (target if target.kind.name == "llvm" else tvm.target.Target("llvm"))
+    mod = tvm.IRModule({"kernel": scheduled.with_attr("global_symbol", "kernel")})
+    mod = tvm.tirx.transform.BindTarget(target.with_host(host))(mod)
+    with target:
+        lowered = tvm.tirx.get_tir_pipeline(tir_pipeline())[0](mod)
+    return f"{tvm_ffi.structural_hash(lowered, map_free_vars=True):016x}"
