@@ -167,10 +167,10 @@ def cmd_regret(args: argparse.Namespace) -> int:
     from .report.regret import rows, summary, table
 
     done = rows(args.models, args.threads, args.repeat, lambda s: load_model(s, args.small),
-                lambda msg: print(f"regret {msg}", file=sys.stderr, flush=True))
+                lambda msg: print(f"regret {msg}", file=sys.stderr, flush=True), args.builds)
     text = "\n".join([table(done), *summary(done, args.threads)])
     print(f"host {short_target(host_target())}, {len(os.sched_getaffinity(0))} CPUs, "
-          f"repeat {args.repeat}")
+          f"repeat {args.repeat}, {args.builds} build(s) per plan in round 2")
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -171,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="thread counts, each planned, built and timed apart (default 1)")
     reg.add_argument("--repeat", type=int_at_least(5), default=7,
                      help="interleaved timing rounds per round of the search (median)")
+    reg.add_argument("--builds", type=int_at_least(1), default=1, metavar="N",
+                     help="compilations of each whole plan timed in the second round, a plan's "
+                          "time the median of theirs (a decode step's builds differ by ~5%%; "
+                          "default 1)")
     reg.add_argument("--small", action="store_true", help=_SMALL)
     reg.add_argument("--out", default=None, type=output_file,
                      help="also write the markdown tables here")
