@@ -37,6 +37,7 @@ __all__ = ["layout_free", "mark_constant_weights", "pack_constants", "pack_leadi
            "pack_streamed_operand", "packed"]
 
 LAYOUT_FREE = "layout_free_buffers"
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 @tvm.transform.module_pass(opt_level=0, name="CostFuseMarkConstantWeights")
@@ -157,7 +158,6 @@ def pack_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     (what call sites are checked against) still has the old shapes: every marked PrimFunc is
     re-added under a fresh GlobalVar, without the marking. A constant that something else
     still reads unpacked stays in the module beside its packed copy."""
-    call_tir = tvm.ir.Op.get("relax.call_tir")
     marked = {gv: func for gv, func in mod.functions.items()
               if isinstance(func, tirx.PrimFunc) and func.attrs is not None
               and LAYOUT_FREE in func.attrs}
@@ -165,31 +165,42 @@ def pack_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         return mod
     rest = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in marked},
                         attrs=mod.attrs, global_infos=mod.global_infos)
-    cache: list[tuple[relax.Expr, int, bool, relax.Expr]] = []
-    renamed: dict[str, tvm.ir.GlobalVar] = {}
-
-    @relax.expr_functor.mutator
-    class _Repack(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not call.op.same_as(call_tir) or call.args[0] not in marked:
-                return call
-            old = call.args[0]
-            func = marked[old]
-            if old.name_hint not in renamed:
-                renamed[old.name_hint] = self.builder_.add_func(
-                    func.without_attr(LAYOUT_FREE), old.name_hint)
-            args = list(call.args[1].fields)
-            for i, (arg, param) in enumerate(zip(args, func.params, strict=False)):
-                args[i] = _packed_argument(old.name_hint, i, arg, param, cache)
-            return relax.Call(call.op, [renamed[old.name_hint], relax.Tuple(args),
-                                        *call.args[2:]], call.attrs, call.ty_args)
-
-    mutator = _Repack(rest)
+    mutator = _Repack(rest, marked)
     for gv, func in list(rest.functions.items()):
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     return mutator.builder_.get()
+
+
+# At module level, its state on the instance: a ``mutator`` class defined per call stays alive
+# once it has visited (TVM's side keeps its callbacks), and with it the closure it reads, here
+# every packed constant of the build: 150 MB per build of a decode step, 23 GB over one
+# `costfuse regret` run (docs/log/2026-12-06i.md).
+@relax.expr_functor.mutator
+class _Repack(relax.PyExprMutator):
+    """Calls of ``marked`` PrimFuncs re-pointed at their unmarked copies, with packed
+    constants (one copy per constant and layout)."""
+
+    def __init__(self, mod: tvm.IRModule, marked: dict) -> None:
+        super().__init__(mod)
+        self.marked = marked
+        self.cache: list[tuple[relax.Expr, int, bool, relax.Expr]] = []
+        self.renamed: dict[str, tvm.ir.GlobalVar] = {}
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not call.op.same_as(_CALL_TIR) or call.args[0] not in self.marked:
+            return call
+        old = call.args[0]
+        func = self.marked[old]
+        if old.name_hint not in self.renamed:
+            self.renamed[old.name_hint] = self.builder_.add_func(
+                func.without_attr(LAYOUT_FREE), old.name_hint)
+        args = list(call.args[1].fields)
+        for i, (arg, param) in enumerate(zip(args, func.params, strict=False)):
+            args[i] = _packed_argument(old.name_hint, i, arg, param, self.cache)
+        return relax.Call(call.op, [self.renamed[old.name_hint], relax.Tuple(args),
+                                    *call.args[2:]], call.attrs, call.ty_args)
 
 
 def _packed_argument(kernel: str, index: int, arg, param, cache) -> relax.Expr:
