@@ -284,6 +284,9 @@ def rows(specs: Sequence[str], threads: Sequence[int], repeat: int,
             try:
                 out.append({"model": spec,
                             **regret(mod, inputs, t, repeat, progress, builds=builds)})
+                ms = out[-1]["ms"]  # said as each row ends: a run cut short keeps them
+                progress(f"regret {out[-1]['regret']:.3f} against {out[-1]['best']}; " + ", ".join(
+                    f"{k} {v:.3f} ms" for k, v in ms.items()))
             except Exception as err:  # noqa: BLE001 -- reported in the table
                 lines = str(err).splitlines() or [""]
                 out.append({"model": spec, "threads": t,
