@@ -42,6 +42,7 @@ from ._common import (
     MIN_PARALLEL_FMAS,
     inline_epilogue,
     largest_divisor,
+    uses,
     vector_lanes,
     vector_registers,
 )
@@ -261,13 +262,17 @@ def unroll_short_row(sch: s_tir.Schedule, plane, lanes: int) -> None:
 
 
 def _odd_left_pad(plane: tirx.SBlock) -> bool:
-    """Whether a deinterleaved plane's even half-columns read odd columns of its source: the
-    source index at parity 0 is odd for every half-column (the row's pad is odd; an image row
+    """Whether a deinterleaved plane's even half-columns read odd columns of its source (the
+    read whose column index moves with the parity): that index at parity 0 is odd for every
+    half-column (the row's pad is odd; an image row
     merged with its rows keeps that parity, being of even width where it is deinterleaved)."""
     parity = plane.iter_vars[-2]
+    source = next((r for r in plane.reads if uses(r.region[-1].min, parity.var)), None)
+    if source is None:
+        return False
     analyzer = Analyzer()
     analyzer.bind(parity.var, ir.Range.from_min_extent(parity.dom.min, 1))
-    index = analyzer.modular_set(plane.reads[0].region[-1].min)
+    index = analyzer.modular_set(source.region[-1].min)
     return index.coeff % 2 == 0 and index.base % 2 == 1
 
 

@@ -382,17 +382,28 @@ def test_cuda_kernel_without_nvcc_is_still_recorded_with_the_reason(monkeypatch)
 
 
 def test_a_kernels_hash_is_what_it_compiles_to():
-    """``versions.kernel_hash``: the same scheduled kernel hashes alike each time; the same
-    group left unscheduled (another kernel) does not."""
-    mod, _ = prepared("mlp_gelu")
-    graph = build_graph(mod)
-    func, _ = feedback.group_kernel_and_outputs(mod, graph, ["matmul", "add"])
+    """``versions.kernel_hash``: the same scheduled kernel hashes alike each time, and alike
+    under another model's binding names (one workload: mlp_gelu's ``matmul``, bert_layer's
+    ``matmul6``); the same group left unscheduled (another kernel), or with another count of
+    outputs, does not."""
+    from tvm_costfuse.records.database import workload_hash
+
     target = host_target()
-    scheduled = feedback.schedule_kernel(func, target)[0]
+
+    def kernel(name, members):
+        mod, _ = prepared(name)
+        func, n_out = feedback.group_kernel_and_outputs(mod, build_graph(mod), members)
+        return func, feedback.schedule_kernel(func, target)[0], n_out
+
+    func, scheduled, n_out = kernel("mlp_gelu", ["matmul", "add"])
     again = feedback.schedule_kernel(func, target)[0]
-    assert kernel_hash(scheduled, target) == kernel_hash(again, target)
+    assert kernel_hash(scheduled, target, n_out) == kernel_hash(again, target, n_out)
     plain = feedback.backend(target).finish(func)
-    assert kernel_hash(plain, target) != kernel_hash(scheduled, target)
+    assert kernel_hash(plain, target, n_out) != kernel_hash(scheduled, target, n_out)
+    assert kernel_hash(scheduled, target, n_out + 1) != kernel_hash(scheduled, target, n_out)
+    mine, theirs = kernel("mlp_gelu", ["matmul"]), kernel("bert_layer", ["matmul6"])
+    assert workload_hash(mine[0]) == workload_hash(theirs[0])
+    assert kernel_hash(mine[1], target, mine[2]) == kernel_hash(theirs[1], target, theirs[2])
 
 
 # the name the rows of ``_measure``'s small shapes go under, as ``restamp`` rebuilds them

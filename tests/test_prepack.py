@@ -3,6 +3,8 @@ at compile time, weights passed as inputs are not, and outputs match TVM's stock
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tvm
@@ -162,7 +164,7 @@ def test_packing_keeps_no_copy_of_the_constants_it_packed():
     run filled 24 GB. Packing a 16 MB weight six times must not keep six copies."""
     def rss_mb() -> float:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096 / 2**20
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()

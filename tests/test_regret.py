@@ -94,9 +94,13 @@ def test_a_symbolic_region_left_to_fuseops_is_one_kernel_on_both_sides() -> None
 def test_a_chain_region_is_flipped_and_every_timed_plan_computes_the_same() -> None:
     # priced for a host with default figures, so the planner chains the pair on any machine
     mod, inputs = channel_chain_program(1, 24, 144, 56, 56, stride=2, prepared=False)
-    row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), builds=2)
+    said = []
+    row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), builds=2,
+                 progress=said.append)
     (region,) = row["regions"]
-    assert row["builds"] == 2  # the second round's plans each compiled twice, all checked
+    # the second round's plans each compiled once more, all checked, none dropped
+    assert row["builds"] == 2 and not row["dropped"]
+    assert any(m.startswith("building each of") and "1 more time" in m for m in said)
     assert region.ours == ("ChannelChain",) and len(region.theirs) == 2
     assert region.ops == 6 and region.where.startswith("conv2d")
     assert region.flipped_ms is not None and not region.unbuilt

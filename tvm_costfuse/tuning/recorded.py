@@ -47,6 +47,7 @@ class RecordedModels:
         self.target = target
         self._loaded: dict[str, tvm.IRModule] = {}
         self._prepared: dict[tuple[str, bool], Prepared] = {}
+        self._built: set[str] = set()
         # why a model (key ``(model, None)``) or one of its graphs (``(model, fold)``) is not
         # there: an unfolded graph that fails must not hide the rows the folded one serves
         self.failed: dict[tuple[str, bool | None], str] = {}
@@ -65,6 +66,7 @@ class RecordedModels:
         try:
             module = prepare(self._loaded[model], self.target, fold=fold)
             self._prepared[key] = Prepared(module, build_graph(module))
+            self._built.add(model)
         except Exception as err:  # noqa: BLE001 -- as above
             self.failed[key] = f"its {'folded' if fold else 'unfolded'} graph does not build: " \
                 + f"{type(err).__name__}: {headline(str(err))}"[:200]
@@ -89,4 +91,11 @@ class RecordedModels:
             ["members not in its graph", *causes])
 
     def models_built(self) -> int:
-        return len({m for m, _ in self._prepared})
+        return len(self._built)
+
+    def release(self, model: str) -> None:
+        """Free ``model``'s modules (its last row is done); :meth:`models_built` still counts
+        it, and asking for it again imports it again."""
+        self._loaded.pop(model, None)
+        for fold in (True, False):
+            self._prepared.pop((model, fold), None)

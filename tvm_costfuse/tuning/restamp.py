@@ -9,12 +9,16 @@ finished and lowered -- and compares it with what the row timed:
 
 - the same ``kernel_hash`` and ``harness`` (``versions``): the time is a label of today's
   kernel, and the row takes the current stamp;
-- another hash or harness: the row stays stale; ``costfuse tune`` measures it again;
-- a row with no hash (recorded before rows had one), or a model that no longer builds: stale
-  too, nothing can vouch for it.
+- another hash: the kernel changed (``changed``); the row stays stale and ``costfuse tune``
+  measures it again;
+- another harness, no hash (recorded before rows had one), a model that no longer builds, or
+  an environment's failure (re-measured in any case): stale too, nothing vouches for it
+  (``unverifiable``).
 
-Rows already stamped with the current digest and recorded without a hash get one here: the
-current code is what they timed.
+Only the group rows (``features.jsonl``) are restamped; the side-by-side and in-model labels
+are measured again after any edit. Rows already stamped with the current digest and recorded
+without a hash get one here: the current code formed, scheduled and lowered what they timed
+(as far as the digest says: the models themselves, ``models/``, are outside it).
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ class RestampSummary:
     current: int = 0  # already stamped with today's digest
     hashed: int = 0  # of those, given the hash of the kernel they timed
     restamped: int = 0  # stale, kernel and harness unchanged: now current
-    changed: int = 0  # stale, another kernel or harness: measured again by `costfuse tune`
-    unverifiable: int = 0  # stale, no hash recorded, or not rebuilt
+    changed: int = 0  # stale, another kernel: measured again by `costfuse tune`
+    unverifiable: int = 0  # stale, another harness, no hash recorded, or not rebuilt
     missing: dict[str, str] = field(default_factory=dict)
 
     def line(self) -> str:
@@ -62,35 +66,44 @@ def restamp(work_dir=None, target=None, log: Callable[[str], None] | None = None
     stamp, harness = kernel_version(), harness_version()
     summary = RestampSummary()
     with db.writing(salvage=False):
-        recorded = _by_target(db.rows())
+        rows = db.rows()
+        recorded = _by_target(rows)
+        last = {r["model"]: i for i, r in enumerate(rows)}  # a model is released after it
         out = []
-        for row in db.rows():
-            current = row.get("kernels") == stamp
-            if current and row.get("kernel_hash"):
-                summary.current += 1
-                out.append(row)
-                continue
-            if not current and (not row.get("kernel_hash") or row.get("harness") != harness):
-                summary.unverifiable += 1
-                out.append(row)
-                continue
-            got = _rebuilt_hash(row, recorded, summary.missing)
-            if current:
-                summary.current += 1
-                summary.hashed += got is not None
-                out.append({**row, "kernel_hash": got, "harness": harness} if got else row)
-            elif got is None:
-                summary.unverifiable += 1
-                out.append(row)
-            elif got == row["kernel_hash"]:
-                summary.restamped += 1
-                out.append({**row, "kernels": stamp})
-            else:
-                summary.changed += 1
-                log(f"  {row['model']} {'+'.join(row['members'])[:60]}: kernel changed")
-                out.append(row)
+        for i, row in enumerate(rows):
+            out.append(_restamped(row, stamp, harness, recorded, summary, log))
+            if last[row["model"]] == i:
+                for models in recorded.values():
+                    models.release(row["model"])
         db.rewrite_rows(out)
     return summary
+
+
+def _restamped(row: dict, stamp: str, harness: str, recorded: dict[str, RecordedModels],
+               summary: RestampSummary, log: Callable[[str], None]) -> dict:
+    """``row`` as :func:`restamp` leaves it, counted in ``summary``."""
+    current = row.get("kernels") == stamp
+    if current and row.get("kernel_hash"):
+        summary.current += 1
+        return row
+    if not current and (not row.get("kernel_hash") or row.get("harness") != harness
+                        or row.get("failure") == "environment"):
+        summary.unverifiable += 1
+        return row
+    got = _rebuilt_hash(row, recorded, summary.missing)
+    if current:
+        summary.current += 1
+        summary.hashed += got is not None
+        return {**row, "kernel_hash": got, "harness": harness} if got else row
+    if got is None:
+        summary.unverifiable += 1
+        return row
+    if got == row["kernel_hash"]:
+        summary.restamped += 1
+        return {**row, "kernels": stamp}
+    summary.changed += 1
+    log(f"  {row['model']} {'+'.join(row['members'])[:60]}: kernel changed")
+    return row
 
 
 def _by_target(rows: list[dict]) -> dict[str, RecordedModels]:
@@ -113,8 +126,8 @@ def _rebuilt_hash(row: dict, recorded: dict[str, RecordedModels], missing: dict[
         missing[key] = why
         return None
     try:
-        func, _ = group_kernel_and_outputs(found.module, found.graph, members, found.marked)
-        return kernel_hash(schedule_kernel(func, models.target)[0], models.target)
+        func, n_out = group_kernel_and_outputs(found.module, found.graph, members, found.marked)
+        return kernel_hash(schedule_kernel(func, models.target)[0], models.target, n_out)
     except Exception as err:  # noqa: BLE001 -- the row stays stale; the caller says why
         missing[f"{model}: {'+'.join(members)[:60]}"] = \
             f"its kernel does not build: {type(err).__name__}: {headline(str(err))}"[:200]

@@ -15,8 +15,7 @@ included: a wasted measurement is cheaper than a wrong label.
 A digest cannot tell which rows an edit left alone, and re-measuring everything takes a whole
 tune run. So each row also records what it timed: :func:`kernel_hash`, the structural hash of
 its kernel lowered by the TIR pipeline the runner builds with, and :func:`harness_version`,
-the digest of the code around the kernel that times it (the runner, the timing, the build
-pipeline). ``restamp.py`` rebuilds a stale row's kernel: where both are unchanged, the row's
+the digest of the code around the kernel that times it (:data:`HARNESS_SOURCES`). ``restamp.py`` rebuilds a stale row's kernel: where both are unchanged, the row's
 time is a label of the current kernel and it takes the current stamp; every other row is
 measured again.
 """
@@ -54,13 +53,20 @@ KERNEL_SOURCES = (
     *sorted((_PACKAGE / "fold").glob("*.py")),  # the weight folding ahead of the pipelines
     _PACKAGE / "measurement" / "timing.py",
 )
-# What times a kernel around its lowered body, beside the installed TVM (its LLVM codegen): the
-# runner's harness (a VM calling it, samples, thread pool), the timing helpers, the relax build
-# pipeline around the call. An edit here changes what a row's time means with the same kernel.
+# What a row's time means beyond its lowered kernel, beside the installed TVM (its LLVM codegen
+# and the finalizing passes after our TIR pipeline): the runner's harness (a VM calling the
+# kernel, samples, thread pool), the timing helpers, the relax build pipeline and the backend
+# record choosing its passes, the CUDA source and register readers (ptxas labels), and the
+# hash below itself (hashes of another procedure do not compare). The CUDA toolkit's version is
+# not in it: a row's ptxas figures are kept across an nvcc upgrade.
 HARNESS_SOURCES = (
     _PACKAGE / "tuning" / "runners.py",
+    _PACKAGE / "tuning" / "versions.py",
     _PACKAGE / "measurement" / "timing.py",
+    _PACKAGE / "measurement" / "cuda_source.py",
+    _PACKAGE / "measurement" / "registers.py",
     _PACKAGE / "pipelines.py",
+    _SCHEDULES / "backends.py",
 )
 
 
@@ -85,10 +91,16 @@ def harness_version() -> str:
     return digest(HARNESS_SOURCES)
 
 
-def kernel_hash(scheduled: tvm.tirx.PrimFunc, target: tvm.target.Target) -> str:
+def kernel_hash(scheduled: tvm.tirx.PrimFunc, target: tvm.target.Target, n_out: int) -> str:
     """16 hex digits: the structural hash of ``scheduled`` (a group's kernel after the rules and
-    the backend's finishing passes, as the runner receives it) lowered by the TIR pipeline the
-    runner builds with, up to code generation. Two kernels with one hash compile alike."""
+    the backend's finishing passes, as the runner receives it) lowered by the main stage of
+    the TIR pipeline the runner builds with, and of ``n_out`` (its trailing output parameters,
+    which the VM allocates). Two kernels with one hash compile alike.
+
+    Names do not count: the messages of the argument checks ``MakePackedAPI`` writes quote
+    parameter names, which are the group's bindings' (``matmul6`` in one model, ``matmul`` in
+    another, one workload), so they are emptied first. Lowered under a default PassContext, as
+    the runner's worker builds."""
     import tvm_ffi
 
     from ..strategies import tir_pipeline
@@ -96,6 +108,14 @@ def kernel_hash(scheduled: tvm.tirx.PrimFunc, target: tvm.target.Target) -> str:
     host = target.host or (target if target.kind.name == "llvm" else tvm.target.Target("llvm"))
     mod = tvm.IRModule({"kernel": scheduled.with_attr("global_symbol", "kernel")})
     mod = tvm.tirx.transform.BindTarget(target.with_host(host))(mod)
-    with target:
+    with tvm.transform.PassContext(), target:
         lowered = tvm.tirx.get_tir_pipeline(tir_pipeline())[0](mod)
-    return f"{tvm_ffi.structural_hash(lowered, map_free_vars=True):016x}"
+    lowered = tvm_ffi.structural_map(lowered, (tvm.tirx.AssertStmt, _without_message))
+    h = tvm_ffi.structural_hash(lowered, map_free_vars=True)
+    return hashlib.sha256(f"{h:016x}:{n_out}".encode()).hexdigest()[:16]
+
+
+def _without_message(stmt: tvm.tirx.AssertStmt) -> tvm.tirx.AssertStmt:
+    # TVM's constructor, called directly: the Python class passes kind and condition to it in
+    # the wrong order (0.27)
+    return tvm.tirx._ffi_api.AssertStmt(stmt.condition, stmt.error_kind, [], stmt.span)
