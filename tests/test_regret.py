@@ -4,6 +4,8 @@ plans differ, and its decision counts are what the timings say. Timings are not 
 
 from __future__ import annotations
 
+import numpy as np
+
 import re
 
 import pytest
@@ -100,6 +102,8 @@ def test_a_chain_region_is_flipped_and_every_timed_plan_computes_the_same() -> N
     (region,) = row["regions"]
     # the second round's plans each compiled once more, all checked, none dropped
     assert row["builds"] == 2 and not row["dropped"]
+    assert all(len(v) == 2 and row["ms"][k] == float(np.median(v))
+               for k, v in row["build_ms"].items())
     assert any(m.startswith("building each of") and "1 more time" in m for m in said)
     assert region.ours == ("ChannelChain",) and len(region.theirs) == 2
     assert region.ops == 6 and region.where.startswith("conv2d")

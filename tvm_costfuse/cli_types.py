@@ -16,8 +16,8 @@ from .config import INT_RANGES
 from .records.database import headline
 
 __all__ = ["UsageError", "budget", "compare_models", "config_int", "csv_choices", "existing_dir",
-           "float_in", "int_at_least", "load_model", "model_spec", "one_model", "output_dir", "output_file",
-           "plot_file", "rpc_tracker", "target_spec", "tune_model"]
+           "float_in", "int_at_least", "load_model", "model_spec", "one_model", "output_dir",
+           "output_file", "plot_file", "rpc_tracker", "target_spec", "tune_model"]
 
 
 class UsageError(Exception):

@@ -16,10 +16,11 @@ no fusion: 2^R + 1 plans, too many to time at R ~ 20. So the search is local and
 The best measured plan is the fastest correct one of the second round, and regret = CostFuse /
 best (1.00: nothing measured beats CostFuse's plan); a plan whose output is off no fusion's
 is left out of it (``dropped``). Several builds matter on short models: three compilations of
-one decode step's plan ran 1.05-1.10x apart in one process (the code's placement differs;
-docs/log/2026-12-06h.md), as much as the regret being measured. A combination of flips that are each slower
-alone is not tried, and a minimum over noisy medians leans low: this is the regret against the
-plans measured, up to timing noise, not against the space's optimum.
+one decode step's plan ran 1.05-1.10x apart in one process (where each library lands differs;
+docs/log/2026-12-06h.md), as much as the regret being measured; each build's median is kept
+(``build_ms``). A combination of flips that are each slower alone is not tried, and a minimum
+over noisy medians leans low: this is the regret against the plans measured, up to timing
+noise, not against the space's optimum.
 
 Each region is also a decision measured inside the model. CostFuse took its own grouping there,
 so on those ops its model either priced its grouping cheaper or could not take FuseOps' (an
@@ -265,10 +266,12 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     with OtherLoad() as load2:
         final = interleave({f"{k}#{b}": with_threads(vm_sampler(ex, inputs), threads)
                             for k, exs in every.items() for b, ex in enumerate(exs)}, repeat)
-    ms = {k: float(np.median([np.median(final[f"{k}#{b}"]) for b in range(len(exs))])) * 1e3
-          for k, exs in every.items()}
+    build_ms = {k: [float(np.median(final[f"{k}#{b}"])) * 1e3 for b in range(len(exs))]
+                for k, exs in every.items()}
+    ms = {k: float(np.median(v)) for k, v in build_ms.items()}
     best = min(ms, key=ms.get)
-    return {"threads": threads, "builds": builds, "ms": ms, "dropped": dropped,
+    return {"threads": threads, "builds": builds, "ms": ms, "build_ms": build_ms,
+            "dropped": dropped,
             "regret": ms["costfuse"] / ms[best], "best": best,
             "regions": regions, "combined": len(kept), "left_out": left_out,
             "max_err": max(errors.values()), "costfuse_ms_round1": base * 1e3,
@@ -292,7 +295,8 @@ def rows(specs: Sequence[str], threads: Sequence[int], repeat: int,
                             **regret(mod, inputs, t, repeat, progress, builds=builds)})
                 ms = out[-1]["ms"]  # said as each row ends: a run cut short keeps them
                 progress(f"regret {out[-1]['regret']:.3f} against {out[-1]['best']}; " + ", ".join(
-                    f"{k} {v:.3f} ms" for k, v in ms.items()))
+                    f"{k} {v:.3f} ms ({' '.join(f'{b:.3f}' for b in out[-1]['build_ms'][k])})"
+                    for k, v in ms.items()))
             except Exception as err:  # noqa: BLE001 -- reported in the table
                 lines = str(err).splitlines() or [""]
                 out.append({"model": spec, "threads": t,
