@@ -262,21 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default tuning_logs/<this host>/groups (TVM_COSTFUSE_TUNING_DIR "
                          "moves it)")
     ev.set_defaults(cmd="evaluate")
-    ref = sub.add_parser("refeature", help="recompute the features of recorded groups (after "
-                         "the feature schema grew), keeping their timings")
-    ref.add_argument("--target", default="host", choices=preset_names(),
-                     help="target whose recorded groups to recompute (default: host)")
-    ref.add_argument("--work-dir", default=None, type=output_dir,
-                     help="default tuning_logs/<target>/groups (TVM_COSTFUSE_TUNING_DIR moves it)")
-    ref.set_defaults(cmd="refeature")
-    rst = sub.add_parser("restamp", help="after an edit of the kernel code: keep the recorded "
-                         "groups whose kernel it left unchanged (rebuilt and compared), so that "
-                         "`costfuse tune` measures only the others again")
-    rst.add_argument("--target", default="host", choices=preset_names(),
-                     help="target whose recorded groups to check (default: host)")
-    rst.add_argument("--work-dir", default=None, type=output_dir,
-                     help="default tuning_logs/<target>/groups (TVM_COSTFUSE_TUNING_DIR moves it)")
-    rst.set_defaults(cmd="restamp")
+    for name, about, verb in (
+            ("refeature", ("recompute the features of recorded groups (after the feature "
+                           "schema grew), keeping their timings"), "recompute"),
+            ("restamp", ("after an edit of the kernel code: keep the recorded groups whose "
+                         "kernel it left unchanged (rebuilt and compared), so that `costfuse "
+                         "tune` measures only the others again"), "check")):
+        rows = sub.add_parser(name, help=about)
+        rows.add_argument("--target", default="host", choices=preset_names(),
+                          help=f"target whose recorded groups to {verb} (default: host)")
+        rows.add_argument("--work-dir", default=None, type=output_dir,
+                          help="default tuning_logs/<target>/groups (TVM_COSTFUSE_TUNING_DIR "
+                               "moves it)")
+        rows.set_defaults(cmd=name)
     cal = sub.add_parser("calibrate", help="measure this host's bandwidth, FLOP/s and launch cost")
     cal.add_argument("--quick", action="store_true", help="smaller buffers, fewer repeats")
     cal.add_argument("--cores", type=int_at_least(1), default=None,
