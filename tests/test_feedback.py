@@ -449,6 +449,8 @@ def test_restamp_hashes_current_rows_recorded_without_a_hash(tmp_path):
     hashes = [r["kernel_hash"] for r in rows]
     bare = [{k: v for k, v in r.items() if k not in ("kernel_hash", "harness")} for r in rows]
     lost = {**bare[0], "model": "no_such_model_anymore"}
+    # hashed by an older procedure (its harness, with versions.py, differs): hashed anew
+    bare[2] = {**rows[2], "kernel_hash": "0" * 16, "harness": "an-older-hash"}
     with db.writing():
         db.rewrite_rows([*bare, lost])
     summary = restamp(tmp_path, "host")
@@ -456,3 +458,4 @@ def test_restamp_hashes_current_rows_recorded_without_a_hash(tmp_path):
     assert list(summary.missing) == ["no_such_model_anymore"]
     after = GroupDatabase(tmp_path).rows()
     assert [r.get("kernel_hash") for r in after] == [*hashes, None]
+    assert {r["harness"] for r in after[:3]} == {harness_version()}

@@ -17,7 +17,8 @@ finished and lowered -- and compares it with what the row timed:
 
 Only the group rows (``features.jsonl``) are restamped; the side-by-side and in-model labels
 are measured again after any edit. Rows already stamped with the current digest and recorded
-without a hash get one here: the current code formed, scheduled and lowered what they timed
+without a hash, or hashed by another procedure (another harness: ``versions.py`` is in it,
+outside the digest), get one here: the current code formed, scheduled and lowered what they timed
 (as far as the digest says: the models themselves, ``models/``, are outside it).
 """
 
@@ -83,7 +84,7 @@ def _restamped(row: dict, stamp: str, harness: str, recorded: dict[str, Recorded
                summary: RestampSummary, log: Callable[[str], None]) -> dict:
     """``row`` as :func:`restamp` leaves it, counted in ``summary``."""
     current = row.get("kernels") == stamp
-    if current and row.get("kernel_hash"):
+    if current and row.get("kernel_hash") and row.get("harness") == harness:
         summary.current += 1
         return row
     if not current and (not row.get("kernel_hash") or row.get("harness") != harness
