@@ -195,13 +195,15 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
                            tir_pipeline=tir_pipeline(strategy))
 
     say(f"building 3 plans and {len(p.pairs)} flipped regions")
-    plans_built = {"costfuse": build(p.ours), FUSEOPS: build(p.theirs),
-                   "none": build(None, "none")}
+    # what each plan timed in the second round is built from: its units and strategy
+    recipes = {"costfuse": (p.ours, "costfuse"), FUSEOPS: (p.theirs, "costfuse"),
+               "none": (None, "none")}
+    plans_built = {k: build(*r) for k, r in recipes.items()}
     ref = run(plans_built["none"], inputs)[0]
     regions = list(p.regions)
-    flips, flip_errors = {}, {}
+    flips, flip_errors, flip_units = {}, {}, {}
     for i, pair in enumerate(p.pairs):
-        units = _flip(p.graph, p.ours, [pair])
+        units = flip_units[i] = _flip(p.graph, p.ours, [pair])
         if units is None:
             regions[i] = replace(regions[i], unbuilt="a cycle")
             continue
@@ -235,12 +237,10 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     flipped_s = {i: regions[i].flipped_ms / 1e3 for i in flips}
     kept, left_out = combine_faster(
         base, flipped_s, lambda idx: _flip(p.graph, p.ours, [p.pairs[j] for j in idx]) is not None)
-    recipes = {"costfuse": (p.ours, "costfuse"), FUSEOPS: (p.theirs, "costfuse"),
-               "none": (None, "none")}
     second = dict(plans_built)
     if kept:
         second["best flip"] = flips[kept[0]]
-        recipes["best flip"] = (_flip(p.graph, p.ours, [p.pairs[kept[0]]]), "costfuse")
+        recipes["best flip"] = (flip_units[kept[0]], "costfuse")
         errors["best flip"] = flip_errors[kept[0]]
     flips.clear()  # the flips not kept are not timed again: their builds are freed
     samplers.clear()
