@@ -4,10 +4,9 @@ plans differ, and its decision counts are what the timings say. Timings are not 
 
 from __future__ import annotations
 
-import numpy as np
-
 import re
 
+import numpy as np
 import pytest
 import tvm
 from test_costfuse_pass import SymbolicBefore
@@ -16,17 +15,17 @@ from tvm_costfuse.cli import main
 from tvm_costfuse.measurement.timing import kernel_calls
 from tvm_costfuse.partition import ApplyPartition
 from tvm_costfuse.pipelines import prepare
+from tvm_costfuse.report import regret as regret_mod
 from tvm_costfuse.report.regret import (
     FUSEOPS,
     Region,
-    accuracy,
+    build_interval,
     combine_faster,
     paired_ratio,
     plans,
     regret,
-    summary,
-    table,
 )
+from tvm_costfuse.report.regret_table import accuracy, summary, table
 from tvm_costfuse.strategies import strategy_pipeline
 from tvm_costfuse.targets import host, host_target
 from tvm_costfuse.testing import channel_chain_program
@@ -123,3 +122,45 @@ def test_the_regret_command_prints_its_tables(capsys) -> None:
     out = capsys.readouterr().out
     # (busy) where the other tests run beside it
     assert re.search(r"\| mlp_gelu( \(busy\))? \| 1 \|", out) and "regret geomean" in out
+
+
+def test_the_build_interval_brackets_the_ratio_of_medians() -> None:
+    ours, best = [4.2, 4.0, 4.4], [4.0, 4.1, 3.9]
+    lo, hi = build_interval(ours, best)
+    point = np.median(ours) / np.median(best)
+    assert lo <= point <= hi and lo < hi
+    assert (lo, hi) == build_interval(ours, best)  # seeded: one set of timings, one interval
+    assert build_interval([4.0] * 3, [4.0] * 3) == (1.0, 1.0)
+    # builds that spread more give a wider interval around the same medians
+    wide = build_interval([3.6, 4.2, 4.8], [3.5, 4.0, 4.5])
+    assert wide[1] - wide[0] > hi - lo
+
+
+def test_a_pick_that_was_lucky_is_timed_again_on_fresh_builds(monkeypatch) -> None:
+    # round 2 (the second timing) says FuseOps' groups are 10% faster; fresh builds say even
+    mod, inputs = channel_chain_program(1, 24, 144, 56, 56, stride=2, prepared=False)
+    calls = []
+
+    def fake(every, _inputs, _threads, _repeat):
+        calls.append({k: len(v) for k, v in every.items()})
+        first = len(calls) == 1
+        return ({k: [(0.9 if first and k == FUSEOPS else 1.0) * (1 + 0.01 * b)
+                     for b in range(len(v))] for k, v in every.items()}, 0.0)
+
+    monkeypatch.setattr(regret_mod, "_time_builds", fake)
+    said = []
+    row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), builds=2,
+                 confirm=3, progress=said.append)
+    assert row["best"] == FUSEOPS and len(calls) == 2
+    assert calls[1] == {"costfuse": 3, FUSEOPS: 3}  # both plans compiled afresh, 3 times
+    conf = row["confirmed"]
+    assert conf["ratio"] == pytest.approx(1.0) and row["regret"] == 1.0
+    assert conf["interval"][0] <= 1.0 <= conf["interval"][1]
+    assert any(m.startswith(f"confirming against {FUSEOPS}") for m in said)
+    text = table([{"model": "chain", **row}])
+    assert "| FuseOps' groups | 1.111, 1.000 (" in text and "| 1.000 |" in text
+    # without a confirmation the pick's own round gives the regret
+    calls.clear()
+    row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), confirm=0)
+    assert len(calls) == 1 and row["confirmed"] is None
+    assert row["regret"] == pytest.approx(1 / 0.9)

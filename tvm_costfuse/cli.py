@@ -164,13 +164,16 @@ def cmd_regret(args: argparse.Namespace) -> int:
     """Regret against the best measured plan, per model and thread count, and the clear
     regions' decisions next to always / never fuse (``report.regret``)."""
     from .export import short_target
-    from .report.regret import rows, summary, table
+    from .report.regret import rows
+    from .report.regret_table import summary, table
 
     done = rows(args.models, args.threads, args.repeat, lambda s: load_model(s, args.small),
-                lambda msg: print(f"regret {msg}", file=sys.stderr, flush=True), args.builds)
+                lambda msg: print(f"regret {msg}", file=sys.stderr, flush=True), args.builds,
+                args.confirm)
     text = "\n".join([table(done), *summary(done, args.threads)])
     print(f"host {short_target(host_target())}, {len(os.sched_getaffinity(0))} CPUs, "
-          f"repeat {args.repeat}, {args.builds} build(s) per plan in round 2")
+          f"repeat {args.repeat}, {args.builds} build(s) per plan in round 2, "
+          f"{args.confirm} fresh build(s) of each of two in round 3")
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="compilations of each whole plan timed in the second round, a plan's "
                           "time the median of theirs (a decode step's builds differ by ~5%%; "
                           "default 1)")
+    reg.add_argument("--confirm", type=int_at_least(0), default=3, metavar="N",
+                     help="where round 2's fastest plan is not CostFuse's, compile both N "
+                          "times afresh and read the regret from their side-by-side timing "
+                          "(the pick's edge may be its luck; 0: take round 2's; default 3)")
     reg.add_argument("--small", action="store_true", help=_SMALL)
     reg.add_argument("--out", default=None, type=output_file,
                      help="also write the markdown tables here")
