@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from .forms import CONVS, Affine, describe, merge, steps
+from .forms import CONVS, Affine, Fold, describe, merge, steps
+from .scales import move_input_scales
 
 __all__ = ["Fold", "FoldWeights", "fold_weights"]
 
 # numpy computes the folded constants; it has no bfloat16, so such models stay as written
 _FLOATS = ("float32", "float64", "float16")
 _CONV_OPS = {op: axes for axes, (op, *_rest) in CONVS.items()}
-
-
-@dataclass(frozen=True)
-class Fold:
-    """One binding rewritten: its name and what it became."""
-
-    binding: str
-    what: str
-
-    def __str__(self) -> str:
-        return f"{self.binding}: {self.what}"
 
 
 def _shape(expr: relax.Expr) -> tuple[int | str, ...] | None:
@@ -230,7 +220,8 @@ class _Rewriter(relax.PyExprMutator):
 
 def fold_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Fold]]:
     """Fold batch norms into convolutions and sum parallel convolution branches of one input
-    into one, in every Relax function of ``mod``; return the module and what was folded."""
+    into one, then move per-channel input scales into weights (``scales``), in every Relax
+    function of ``mod``; return the module and what was folded."""
     notes: list[Fold] = []
     out = mod.clone()  # the caller's module stays as it was
     for gvar, func in mod.functions.items():
@@ -247,7 +238,8 @@ def fold_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Fold]]:
         out = rewriter.builder_.get()  # carries what the builder added; swap the function in
         out[gvar] = relax.analysis.remove_all_unused(new)
         notes += [Fold(v.name, describe(f)) for v, f in final.items()]
-    return out, notes
+    out, moved = move_input_scales(out)
+    return out, notes + moved
 
 
 @tvm.transform.module_pass(opt_level=0, name="CostFuseFoldWeights")
