@@ -19,9 +19,7 @@ taps than theirs together (3x1 + 1x3) stay apart; a float16 weight that the batc
 would push past the format's range stays unscaled.
 
 - :mod:`.forms` -- the algebra: a convolution plus a per-channel affine map, two summed;
-- :mod:`.rewrite` -- the bindings' forms, and the function rewritten with them;
-- :mod:`.scales` -- then, a per-channel scale of a convolution's input (squeeze-excite) moved
-  into its weights where they are the smaller tensor.
+- :mod:`.rewrite` -- the bindings' forms, and the function rewritten with them.
 """
 
 from .rewrite import Fold, FoldWeights, fold_weights

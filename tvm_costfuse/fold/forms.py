@@ -8,23 +8,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tvm import relax
 
-__all__ = ["CONVS", "Affine", "Fold", "describe", "merge", "steps"]
+__all__ = ["CONVS", "Affine", "describe", "merge", "steps"]
 
 # per image rank: the convolution op, its data and kernel layouts (NC + image axes only)
 CONVS = {1: ("relax.nn.conv1d", "NCW", "OIW", relax.op.nn.conv1d),
           2: ("relax.nn.conv2d", "NCHW", "OIHW", relax.op.nn.conv2d),
           3: ("relax.nn.conv3d", "NCDHW", "OIDHW", relax.op.nn.conv3d)}
-
-
-@dataclass(frozen=True)
-class Fold:
-    """One binding rewritten: its name and what it became."""
-
-    binding: str
-    what: str
-
-    def __str__(self) -> str:
-        return f"{self.binding}: {self.what}"
 
 
 @dataclass(frozen=True)

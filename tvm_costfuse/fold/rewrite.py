@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from .forms import CONVS, Affine, Fold, describe, merge, steps
-from .scales import move_input_scales
+from .forms import CONVS, Affine, describe, merge, steps
 
 __all__ = ["Fold", "FoldWeights", "fold_weights"]
 
 # numpy computes the folded constants; it has no bfloat16, so such models stay as written
 _FLOATS = ("float32", "float64", "float16")
 _CONV_OPS = {op: axes for axes, (op, *_rest) in CONVS.items()}
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One binding rewritten: its name and what it became."""
+
+    binding: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.binding}: {self.what}"
 
 
 def _shape(expr: relax.Expr) -> tuple[int | str, ...] | None:
@@ -220,8 +230,7 @@ class _Rewriter(relax.PyExprMutator):
 
 def fold_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Fold]]:
     """Fold batch norms into convolutions and sum parallel convolution branches of one input
-    into one, then move per-channel input scales into weights (``scales``), in every Relax
-    function of ``mod``; return the module and what was folded."""
+    into one, in every Relax function of ``mod``; return the module and what was folded."""
     notes: list[Fold] = []
     out = mod.clone()  # the caller's module stays as it was
     for gvar, func in mod.functions.items():
@@ -238,8 +247,7 @@ def fold_weights(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[Fold]]:
         out = rewriter.builder_.get()  # carries what the builder added; swap the function in
         out[gvar] = relax.analysis.remove_all_unused(new)
         notes += [Fold(v.name, describe(f)) for v, f in final.items()]
-    out, moved = move_input_scales(out)
-    return out, notes + moved
+    return out, notes
 
 
 @tvm.transform.module_pass(opt_level=0, name="CostFuseFoldWeights")
