@@ -23,6 +23,7 @@ from tvm_costfuse.report.regret import (
     combine_faster,
     paired_ratio,
     plans,
+    rebuild_band,
     regret,
 )
 from tvm_costfuse.report.regret_table import accuracy, summary, table
@@ -111,7 +112,8 @@ def test_a_chain_region_is_flipped_and_every_timed_plan_computes_the_same() -> N
     assert row["max_err"] < 1e-5  # every plan built, the flipped one included
     assert row["best"] in row["ms"] and row["combined"] + row["left_out"] <= 1
     (line,) = summary([{"model": "chain", **row}], [1])
-    assert line.startswith("- 1 thread(s): regret geomean")
+    assert line.startswith("- 1 thread(s): regret geomean") and "rebuild band" in line
+    assert row["band"] == max(0.01, rebuild_band(row["build_ms"]["costfuse"]))
     busy = table([{"model": "chain", **row, "other_load": (0.5, 0.0)}])
     quiet = table([{"model": "chain", **row, "other_load": (0.0, float("nan"))}])
     assert "| chain (busy) | 1 |" in busy and "| chain | 1 |" in quiet
@@ -164,3 +166,12 @@ def test_a_pick_that_was_lucky_is_timed_again_on_fresh_builds(monkeypatch) -> No
     row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), confirm=0)
     assert len(calls) == 1 and row["confirmed"] is None
     assert row["regret"] == pytest.approx(1 / 0.9)
+
+
+def test_a_region_is_clear_only_outside_what_a_rebuild_moves() -> None:
+    assert rebuild_band([4.0]) == 0.0
+    assert rebuild_band([4.0, 4.2, 3.9]) == pytest.approx(0.05)
+    flip, base = [1.04, 1.05, 1.04, 1.06, 1.05], [1.0] * 5  # 4-6% slower, steadily
+    assert paired_ratio(flip, base) == (pytest.approx(1.05), True)
+    assert paired_ratio(flip, base, margin=0.05) == (pytest.approx(1.05), False)
+    assert paired_ratio([0.9] * 5, base, margin=0.05)[1]

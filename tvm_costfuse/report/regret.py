@@ -28,8 +28,12 @@ space's optimum.
 
 Each region is also a decision measured inside the model. CostFuse took its own grouping there,
 so on those ops its model either priced its grouping cheaper or could not take FuseOps' (an
-illegal group, or a cycle with the rest of the plan). A region is *clear* when the interquartile
-range of its paired ratios (flip / CostFuse, :func:`paired_ratio`) stays more than 1% from 1; on
+illegal group, or a cycle with the rest of the plan). Each flip is another compilation, so its
+ratio to CostFuse's plan carries the build's draw as well as the region's effect: a region is
+*clear* when the interquartile range of its paired ratios (flip / CostFuse,
+:func:`paired_ratio`) stays outside ``1 +- band``, the band being the farthest any of
+CostFuse's own second-round builds lies from their median (:func:`rebuild_band`; 1% at
+least); on
 the clear regions the share where CostFuse's side was faster is printed next to the share where
 the side with fewer kernels (always fuse) and with more (never fuse) was, over the regions whose
 sides differ in kernel count.
@@ -67,7 +71,7 @@ from ..targets import TargetDesc, for_target, host_target
 from ..transform import plan_module
 
 __all__ = ["FUSEOPS", "Plans", "Region", "build_interval", "combine_faster", "paired_ratio",
-           "plans", "regret", "rows"]
+           "plans", "rebuild_band", "regret", "rows"]
 
 Units = list[frozenset]
 
@@ -98,14 +102,22 @@ class Plans(NamedTuple):
     regions: list[Region]
 
 
-def paired_ratio(flip: Sequence[float], base: Sequence[float]) -> tuple[float, bool]:
+def rebuild_band(builds_ms: Sequence[float]) -> float:
+    """How far a rebuild of one plan moves its time: the largest relative distance of a build's
+    median from the median of all (0 for one build)."""
+    mid = float(np.median(builds_ms))
+    return max(abs(b / mid - 1.0) for b in builds_ms)
+
+
+def paired_ratio(flip: Sequence[float], base: Sequence[float], margin: float = 0.01
+                 ) -> tuple[float, bool]:
     """(median over rounds of flip / the base sample taken just before it, whether that ratio
-    is clear of 1): clear when its interquartile range, and a margin of 1%, exclude 1. Paired
+    is clear of 1): clear when its interquartile range stays outside ``1 +- margin``. Paired
     samples cancel the drift of a shared host between rounds, and a base sample that was slow
     by chance moves one ratio, not every region's verdict (as one median base would)."""
     r = np.asarray(flip) / np.asarray(base)
     q1, q2, q3 = np.percentile(r, [25, 50, 75])
-    return float(q2), bool(q1 > 1.01 or q3 < 0.99)
+    return float(q2), bool(q1 > 1.0 + margin or q3 < 1.0 - margin)
 
 
 def _groups(units: Units) -> list[list[str]]:
@@ -234,8 +246,8 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
         first = interleave(samplers, repeat)
     base = float(np.median(first["costfuse"] + [x for i in flips for x in first[f"base{i}"]]))
     for i in flips:
-        ratio, clear = paired_ratio(first[f"flip{i}"], first[f"base{i}"])
-        regions[i] = replace(regions[i], flipped_ms=ratio * base * 1e3, clear=clear)
+        ratio = paired_ratio(first[f"flip{i}"], first[f"base{i}"])[0]
+        regions[i] = replace(regions[i], flipped_ms=ratio * base * 1e3)
     flipped_s = {i: regions[i].flipped_ms / 1e3 for i in flips}
     kept, left_out = combine_faster(
         base, flipped_s, lambda idx: _flip(p.graph, p.ours, [p.pairs[j] for j in idx]) is not None)
@@ -244,6 +256,7 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
         second["best flip"] = flips[kept[0]]
         recipes["best flip"] = (flip_units[kept[0]], "costfuse")
         errors["best flip"] = flip_errors[kept[0]]
+    timed = list(flips)
     flips.clear()  # the flips not kept are not timed again: their builds are freed
     samplers.clear()
     if len(kept) > 1:
@@ -270,7 +283,11 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     every.clear()
     ms = {k: float(np.median(v)) for k, v in build_ms.items()}
     best = min(ms, key=ms.get)
-    row = {"threads": threads, "builds": builds, "ms": ms, "build_ms": build_ms,
+    band = max(0.01, rebuild_band(build_ms["costfuse"]))
+    for i in timed:  # clear of what a rebuild alone moves
+        regions[i] = replace(regions[i], clear=paired_ratio(
+            first[f"flip{i}"], first[f"base{i}"], band)[1])
+    row = {"band": band, "threads": threads, "builds": builds, "ms": ms, "build_ms": build_ms,
            "dropped": dropped, "regret": ms["costfuse"] / ms[best], "best": best,
            "regions": regions, "combined": len(kept), "left_out": left_out,
            "max_err": max(errors.values()), "costfuse_ms_round1": base * 1e3,

@@ -45,10 +45,11 @@ def summary(rows: Sequence[dict], threads: Sequence[int]) -> list[str]:
         acc = accuracy([(reg, r["costfuse_ms_round1"]) for r in at for reg in r["regions"]])
         shares = ", ".join(f"{k} {acc[k]:.2f}" for k in ("costfuse", "always fuse", "never fuse")
                            if k in acc)
+        sided = (f" ({acc['sided']} with sides of unequal kernel counts): right {shares}"
+                 if shares else "")
         lines.append(f"- {t} thread(s): regret geomean {geomean([r['regret'] for r in at]):.3f},"
-                     f" worst {worst['regret']:.3f} ({worst['model']}); {acc['clear']} clear "
-                     "regions" + (f" ({acc['sided']} with sides of unequal kernel counts): "
-                                  f"right {shares}" if shares else ""))
+                     f" worst {worst['regret']:.3f} ({worst['model']}); {acc['clear']} regions "
+                     f"clear of their row's rebuild band{sided}")
     return lines
 
 
@@ -57,11 +58,11 @@ def table(rows: Sequence[dict]) -> str:
     region its kernels, predicted and measured effect."""
     head = ("| model | threads | none ms | FuseOps' groups ms | CostFuse ms | best flip ms | "
             "faster flips ms (combined, left out) | best | CostFuse / best: round 2, fresh "
-            "builds (90%) | regret | regions (clear) | max err | other load (rounds) |")
+            "builds (90%) | regret | rebuild band | regions (clear) | max err | other load (rounds) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row.get('threads', '')} | | | | | | | | | | "
+            lines.append(f"| {row['model']} | {row.get('threads', '')} | | | | | | | | | | | "
                          f"| FAILED: {row['error']} |")
             continue
 
@@ -79,7 +80,8 @@ def table(rows: Sequence[dict]) -> str:
             f"| {row['model']}{busy} | {row['threads']} | {cell('none')} | {cell(FUSEOPS)} | "
             f"{cell('costfuse')} | {cell('best flip')} | {cell('faster flips')} "
             f"({row['combined']}, {row['left_out']}) | {row['best']} | {ratio} | "
-            f"{row['regret']:.3f} | {len(row['regions'])} ({n_clear}) | {row['max_err']:.1e} | "
+            f"{row['regret']:.3f} | {row['band']:.3f} | {len(row['regions'])} ({n_clear}) | "
+            f"{row['max_err']:.1e} | "
             + " / ".join(f"{x:.2f}" for x in load) + " |")
     lines += ["", ("| model | threads | where | ops | CostFuse's kernels | FuseOps' kernels | "
                    "predicted us (ours / theirs) | flipped / CostFuse (round 1) | clear |"),
