@@ -32,11 +32,10 @@ illegal group, or a cycle with the rest of the plan). Each flip is another compi
 ratio to CostFuse's plan carries the build's draw as well as the region's effect: a region is
 *clear* when the interquartile range of its paired ratios (flip / CostFuse,
 :func:`paired_ratio`) stays outside ``1 +- band``, the band being the farthest any of
-CostFuse's own second-round builds lies from their median (:func:`rebuild_band`; 1% at
-least); on
-the clear regions the share where CostFuse's side was faster is printed next to the share where
-the side with fewer kernels (always fuse) and with more (never fuse) was, over the regions whose
-sides differ in kernel count.
+CostFuse's own second-round builds lies from their median (:func:`rebuild_band`; 1% at least).
+On the clear regions the share where CostFuse's side was faster is printed next to the share
+where the side with fewer kernels (always fuse) and with more (never fuse) was, over the
+regions whose sides differ in kernel count.
 """
 
 from __future__ import annotations
