@@ -1,12 +1,13 @@
 """Does a process holding many builds time a plan slower, and does interleaving many builds?
 
 `costfuse regret` timed llama_decode1024's CostFuse plan 10-30% slower than `lab/plan_ab.py`
-did the same hour (docs/log/2026-12-06i.md). This times two builds of one plan (A, B) in three
+did the same hour (docs/log/2026-12-06i.md). This times two builds of one plan (A, B) in four
 phases of one process, each ``--repeat`` interleaved rounds:
 
 1. A and B alone;
 2. A and B again, after ``--held`` more builds of the same plan are compiled and kept;
-3. A, B and every held build interleaved (as regret's second round does).
+3. A, B and every held build interleaved (as regret's second round does);
+4. A and B alone again.
 
     python lab/held_builds.py llama_decode1024 --threads 1 --held 12 --repeat 7
 """
