@@ -98,7 +98,7 @@ def test_a_chain_region_is_flipped_and_every_timed_plan_computes_the_same() -> N
     mod, inputs = channel_chain_program(1, 24, 144, 56, 56, stride=2, prepared=False)
     said = []
     row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), builds=2,
-                 progress=said.append)
+                 confirm=0, progress=said.append)
     (region,) = row["regions"]
     # the second round's plans each compiled once more, all checked, none dropped
     assert row["builds"] == 2 and not row["dropped"]
@@ -110,13 +110,16 @@ def test_a_chain_region_is_flipped_and_every_timed_plan_computes_the_same() -> N
     assert region.flipped_ms is not None and not region.unbuilt
     assert {"costfuse", FUSEOPS, "none"} <= set(row["ms"])
     assert row["max_err"] < 1e-5  # every plan built, the flipped one included
-    assert row["best"] in row["ms"] and row["combined"] + row["left_out"] <= 1
+    assert row["best"] == row["pick"] in row["ms"] and row["combined"] + row["left_out"] <= 1
+    assert row["confirmed"] is None  # confirm=0: round 2 gives the regret
     (line,) = summary([{"model": "chain", **row}], [1])
     assert line.startswith("- 1 thread(s): regret geomean") and "rebuild band" in line
     assert row["band"] == max(0.01, rebuild_band(row["build_ms"]["costfuse"]))
     busy = table([{"model": "chain", **row, "other_load": (0.5, 0.0)}])
     quiet = table([{"model": "chain", **row, "other_load": (0.0, float("nan"))}])
+    unread_first = table([{"model": "chain", **row, "other_load": (float("nan"), 0.5)}])
     assert "| chain (busy) | 1 |" in busy and "| chain | 1 |" in quiet
+    assert "| chain (busy) | 1 |" in unread_first  # an unread round hides no busy one
 
 
 def test_the_regret_command_prints_its_tables(capsys) -> None:
@@ -138,39 +141,63 @@ def test_the_build_interval_brackets_the_ratio_of_medians() -> None:
     assert wide[1] - wide[0] > hi - lo
 
 
-def test_a_pick_that_was_lucky_is_timed_again_on_fresh_builds(monkeypatch) -> None:
-    # round 2 (the second timing) says FuseOps' groups are 10% faster; fresh builds say even
-    mod, inputs = channel_chain_program(1, 24, 144, 56, 56, stride=2, prepared=False)
+def _fake_rounds(round2: dict[str, float], fresh: dict[str, float]):
+    """A stand-in for ``_time_builds``: each plan's builds at its factor (1% apart), from
+    ``round2`` in the second round and ``fresh`` in the third; plans not named run 1.5."""
     calls = []
 
     def fake(every, _inputs, _threads, _repeat):
         calls.append({k: len(v) for k, v in every.items()})
-        first = len(calls) == 1
-        return ({k: [(0.9 if first and k == FUSEOPS else 1.0) * (1 + 0.01 * b)
-                     for b in range(len(v))] for k, v in every.items()}, 0.0)
+        factor = round2 if len(calls) == 1 else fresh
+        return ({k: [factor.get(k, 1.5) * (1 + 0.01 * b) for b in range(len(v))]
+                 for k, v in every.items()}, 0.0)
 
+    return fake, calls
+
+
+def test_a_pick_that_was_lucky_is_timed_again_on_fresh_builds(monkeypatch) -> None:
+    # round 2 says FuseOps' groups are 10% faster; fresh builds say even
+    mod, inputs = channel_chain_program(1, 24, 144, 56, 56, stride=2, prepared=False)
+    fake, calls = _fake_rounds({"costfuse": 1.0, FUSEOPS: 0.9}, {"costfuse": 1.0, FUSEOPS: 1.0})
     monkeypatch.setattr(regret_mod, "_time_builds", fake)
     said = []
     row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), builds=2,
                  confirm=3, progress=said.append)
-    assert row["best"] == FUSEOPS and len(calls) == 2
+    assert row["pick"] == FUSEOPS and len(calls) == 2
     assert calls[1] == {"costfuse": 3, FUSEOPS: 3}  # both plans compiled afresh, 3 times
     conf = row["confirmed"]
-    assert conf["ratio"] == pytest.approx(1.0) and row["regret"] == 1.0
+    assert conf["rival"] == FUSEOPS and conf["ratio"] == pytest.approx(1.0)
+    assert row["regret"] == 1.0 and row["best"] == "costfuse"
     assert conf["interval"][0] <= 1.0 <= conf["interval"][1]
     assert any(m.startswith(f"confirming against {FUSEOPS}") for m in said)
     text = table([{"model": "chain", **row}])
-    assert "| FuseOps' groups | 1.111, 1.000 (" in text and "| 1.000 |" in text
+    assert f"| {FUSEOPS} | 1.111 | {FUSEOPS}: 1.000 (" in text and "| 1.000 | costfuse |" in text
     # without a confirmation the pick's own round gives the regret
-    calls.clear()
+    fake, calls = _fake_rounds({"costfuse": 1.0, FUSEOPS: 0.9}, {})
+    monkeypatch.setattr(regret_mod, "_time_builds", fake)
     row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), confirm=0)
     assert len(calls) == 1 and row["confirmed"] is None
-    assert row["regret"] == pytest.approx(1 / 0.9)
+    assert row["regret"] == pytest.approx(1 / 0.9) and row["best"] == FUSEOPS
+
+
+def test_a_win_of_costfuses_plan_is_timed_again_too(monkeypatch) -> None:
+    # round 2 says CostFuse's plan is the fastest, FuseOps' groups next; fresh builds say
+    # FuseOps' groups are 3% faster: that is the regret, not clipped to round 2's 1.00
+    mod, inputs = channel_chain_program(1, 24, 144, 56, 56, stride=2, prepared=False)
+    fake, calls = _fake_rounds({"costfuse": 1.0, FUSEOPS: 1.05},
+                               {"costfuse": 1.0, FUSEOPS: 0.97})
+    monkeypatch.setattr(regret_mod, "_time_builds", fake)
+    row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), confirm=2)
+    assert row["pick"] == "costfuse" and calls[1] == {"costfuse": 2, FUSEOPS: 2}
+    assert row["confirmed"]["rival"] == FUSEOPS
+    assert row["regret"] == pytest.approx(1 / 0.97) and row["best"] == FUSEOPS
+    (line,) = summary([{"model": "chain", **row}], [1])
+    assert "regret geomean 1.031" in line
 
 
 def test_a_region_is_clear_only_outside_what_a_rebuild_moves() -> None:
     assert rebuild_band([4.0]) == 0.0
-    assert rebuild_band([4.0, 4.2, 3.9]) == pytest.approx(0.05)
+    assert rebuild_band([4.0, 4.2, 3.9]) == pytest.approx(4.2 / 3.9 - 1)  # two builds' gap
     flip, base = [1.04, 1.05, 1.04, 1.06, 1.05], [1.0] * 5  # 4-6% slower, steadily
     assert paired_ratio(flip, base) == (pytest.approx(1.05), True)
     assert paired_ratio(flip, base, margin=0.05) == (pytest.approx(1.05), False)

@@ -57,13 +57,14 @@ def table(rows: Sequence[dict]) -> str:
     """Markdown: per model and thread count the whole plans' times and the regret; then per
     region its kernels, predicted and measured effect."""
     head = ("| model | threads | none ms | FuseOps' groups ms | CostFuse ms | best flip ms | "
-            "faster flips ms (combined, left out) | best | CostFuse / best: round 2, fresh "
-            "builds (90%) | regret | rebuild band | regions (clear) | max err | other load (rounds) |")
+            "faster flips ms (combined, left out) | round 2 fastest | CostFuse / it | fresh "
+            "builds: CostFuse / rival (90%) | regret | best | rebuild band | regions (clear) | "
+            "max err | other load (rounds) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row.get('threads', '')} | | | | | | | | | | | "
-                         f"| FAILED: {row['error']} |")
+            lines.append(f"| {row['model']} | {row.get('threads', '')} |" + " |" * 13
+                         + f" FAILED: {row['error']} |")
             continue
 
         def cell(k: str, ms=row["ms"]) -> str:
@@ -72,16 +73,16 @@ def table(rows: Sequence[dict]) -> str:
         n_clear = sum(r.clear for r in row["regions"])
         conf = row.get("confirmed")
         load = (*row["other_load"], *((conf["other_load"],) if conf else ()))
-        busy = " (busy)" if max(load) > DISTURBED_CORES else ""  # NaN (unread) compares False
-        ratio = f"{row['ms']['costfuse'] / row['ms'][row['best']]:.3f}"
-        if conf:
-            ratio += f", {conf['ratio']:.3f} ({conf['interval'][0]:.3f}-{conf['interval'][1]:.3f})"
+        busy = " (busy)" if np.nanmax([*load, 0.0]) > DISTURBED_CORES else ""  # NaN: unread
+        fresh = (f"{conf['rival']}: {conf['ratio']:.3f} ({conf['interval'][0]:.3f}-"
+                 f"{conf['interval'][1]:.3f})" if conf else "-")
         lines.append(
             f"| {row['model']}{busy} | {row['threads']} | {cell('none')} | {cell(FUSEOPS)} | "
             f"{cell('costfuse')} | {cell('best flip')} | {cell('faster flips')} "
-            f"({row['combined']}, {row['left_out']}) | {row['best']} | {ratio} | "
-            f"{row['regret']:.3f} | {row['band']:.3f} | {len(row['regions'])} ({n_clear}) | "
-            f"{row['max_err']:.1e} | "
+            f"({row['combined']}, {row['left_out']}) | {row['pick']} | "
+            f"{row['ms']['costfuse'] / row['ms'][row['pick']]:.3f} | {fresh} | "
+            f"{row['regret']:.3f} | {row['best']} | {row['band']:.3f} | "
+            f"{len(row['regions'])} ({n_clear}) | {row['max_err']:.1e} | "
             + " / ".join(f"{x:.2f}" for x in load) + " |")
     lines += ["", ("| model | threads | where | ops | CostFuse's kernels | FuseOps' kernels | "
                    "predicted us (ours / theirs) | flipped / CostFuse (round 1) | clear |"),
