@@ -22,6 +22,7 @@ import tvm
 
 from tvm_costfuse import host_target, strategy_pipeline, tir_pipeline
 from tvm_costfuse.measurement.peers import thread_pool, with_threads
+from tvm_costfuse.measurement.quiet import OtherLoad
 from tvm_costfuse.measurement.timing import interleave, vm_sampler
 from tvm_costfuse.models import corpus
 
@@ -48,13 +49,15 @@ def main() -> None:
 
     def phase(name, samplers):
         t0 = time.perf_counter()
-        got = interleave(samplers, args.repeat)
+        with OtherLoad() as load:
+            got = interleave(samplers, args.repeat)
         cells = ", ".join(f"{k} {np.median(v) * 1e3:.3f}" for k, v in got.items()
                           if k in ("A", "B"))
         rest = [np.median(v) * 1e3 for k, v in got.items() if k not in ("A", "B")]
         extra = (f"; held builds {min(rest):.3f}-{max(rest):.3f} (median "
                  f"{np.median(rest):.3f})" if rest else "")
-        print(f"{name}: {cells} ms{extra} [{time.perf_counter() - t0:.0f} s]", flush=True)
+        print(f"{name}: {cells} ms{extra} [{time.perf_counter() - t0:.0f} s, other load "
+              f"{load.cores:.2f} cores]", flush=True)
 
     a, b = build(), build()
     base = {"A": sampler(a), "B": sampler(b)}
