@@ -21,9 +21,7 @@ import numpy as np
 import tvm
 
 from tvm_costfuse import host_target, strategy_pipeline, tir_pipeline
-from tvm_costfuse.measurement.peers import thread_pool, with_threads
-from tvm_costfuse.measurement.quiet import OtherLoad
-from tvm_costfuse.measurement.timing import interleave, vm_sampler
+from tvm_costfuse.measurement.peers import thread_pool, time_builds
 from tvm_costfuse.models import corpus
 
 
@@ -44,30 +42,21 @@ def main() -> None:
                            relax_pipeline=strategy_pipeline(args.strategy, target),
                            tir_pipeline=tir_pipeline(args.strategy))
 
-    def sampler(ex):
-        return with_threads(vm_sampler(ex, inputs), args.threads)
-
-    def phase(name, samplers):
+    def phase(name, builds):
         t0 = time.perf_counter()
-        with OtherLoad() as load:
-            got = interleave(samplers, args.repeat)
-        cells = ", ".join(f"{k} {np.median(v) * 1e3:.3f}" for k, v in got.items()
-                          if k in ("A", "B"))
-        rest = [np.median(v) * 1e3 for k, v in got.items() if k not in ("A", "B")]
+        ms, load = time_builds(builds, inputs, args.threads, args.repeat)
+        rest = ms.get("held", [])
         extra = (f"; held builds {min(rest):.3f}-{max(rest):.3f} (median "
                  f"{np.median(rest):.3f})" if rest else "")
-        print(f"{name}: {cells} ms{extra} [{time.perf_counter() - t0:.0f} s, other load "
-              f"{load.cores:.2f} cores]", flush=True)
+        print(f"{name}: A {ms['A'][0]:.3f}, B {ms['B'][0]:.3f} ms{extra} "
+              f"[{time.perf_counter() - t0:.0f} s, other load {load:.2f} cores]", flush=True)
 
-    a, b = build(), build()
-    base = {"A": sampler(a), "B": sampler(b)}
+    base = {"A": [build()], "B": [build()]}
     phase("1 alone", base)
     held = [build() for _ in range(args.held)]
     phase(f"2 with {args.held} held, idle", base)
-    phase(f"3 all {args.held + 2} interleaved",
-          {**base, **{f"h{i}": sampler(ex) for i, ex in enumerate(held)}})
+    phase(f"3 all {args.held + 2} interleaved", {**base, "held": held})
     phase("4 alone again", base)
-
 
 if __name__ == "__main__":
     main()

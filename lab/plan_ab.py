@@ -31,11 +31,10 @@ import tvm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 from tvm_costfuse.measurement.peers import thread_pool as _thread_pool  # noqa: E402
-from tvm_costfuse.measurement.peers import with_threads as _with_threads  # noqa: E402
+from tvm_costfuse.measurement.peers import time_builds  # noqa: E402
 
 from tvm_costfuse import host_target, strategy_pipeline, tir_pipeline  # noqa: E402
-from tvm_costfuse.measurement.quiet import OtherLoad  # noqa: E402
-from tvm_costfuse.measurement.timing import interleave, run, vm_sampler  # noqa: E402
+from tvm_costfuse.measurement.timing import run  # noqa: E402
 from tvm_costfuse.models import corpus  # noqa: E402
 from tvm_costfuse.schedules.efficiency import fraction_of_peak  # noqa: E402
 
@@ -91,8 +90,9 @@ def main() -> None:
         mod, inputs, _ = corpus.load(name)
         target = host_target(args.threads)
         _thread_pool(args.threads)
-        samplers, kernels, outs = {}, {}, {}
+        kernels, outs = {}, {}
         variants = (("old", "costfuse"), ("new", "costfuse"), ("tvm", "tvm"))
+        builds: dict[str, list] = {label: [] for label, _ in variants}
         for i in range(args.builds):
             for label, strategy in variants if i % 2 == 0 else variants[::-1]:
                 def build():
@@ -107,19 +107,15 @@ def main() -> None:
                 calls: list = []
                 outs[f"{label}#{i}"] = run(ex, inputs, calls=calls)[0]
                 kernels[label] = len(calls)
-                samplers[f"{label}#{i}"] = _with_threads(vm_sampler(ex, inputs, min_ms=50),
-                                                         args.threads)
+                builds[label].append(ex)
         ref = outs["tvm#0"]
         scale = max(1e-30, float(np.abs(ref).max()))
         err = {label: max(float(np.abs(outs[f"{label}#{i}"] - ref).max()) / scale
                           for i in range(args.builds)) for label, _ in variants}
-        with OtherLoad() as load:
-            timed = interleave(samplers, args.repeat)
-        per_build = {label: [float(np.median(timed[f"{label}#{i}"])) * 1e3
-                             for i in range(args.builds)] for label, _ in variants}
+        per_build, load = time_builds(builds, inputs, args.threads, args.repeat)
         ms = {k: float(np.median(v)) for k, v in per_build.items()}
         spread = {k: max(v) / min(v) for k, v in per_build.items()}
-        print(f"{name} threads={args.threads} builds={args.builds} load={load.cores:.2f} "
+        print(f"{name} threads={args.threads} builds={args.builds} load={load:.2f} "
               f"kernels={kernels} "
               + " ".join(f"{k}={v:.2f}ms" for k, v in ms.items())
               + " build spread " + " ".join(f"{k}={v:.3f}" for k, v in spread.items())

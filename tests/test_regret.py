@@ -142,7 +142,7 @@ def test_the_build_interval_brackets_the_ratio_of_medians() -> None:
 
 
 def _fake_rounds(round2: dict[str, float], fresh: dict[str, float]):
-    """A stand-in for ``_time_builds``: each plan's builds at its factor (1% apart), from
+    """A stand-in for ``time_builds``: each plan's builds at its factor (1% apart), from
     ``round2`` in the second round and ``fresh`` in the third; plans not named run 1.5."""
     calls = []
 
@@ -159,7 +159,7 @@ def test_a_pick_that_was_lucky_is_timed_again_on_fresh_builds(monkeypatch) -> No
     # round 2 says FuseOps' groups are 10% faster; fresh builds say even
     mod, inputs = channel_chain_program(1, 24, 144, 56, 56, stride=2, prepared=False)
     fake, calls = _fake_rounds({"costfuse": 1.0, FUSEOPS: 0.9}, {"costfuse": 1.0, FUSEOPS: 1.0})
-    monkeypatch.setattr(regret_mod, "_time_builds", fake)
+    monkeypatch.setattr(regret_mod, "time_builds", fake)
     said = []
     row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), builds=2,
                  confirm=3, progress=said.append)
@@ -174,7 +174,7 @@ def test_a_pick_that_was_lucky_is_timed_again_on_fresh_builds(monkeypatch) -> No
     assert f"| {FUSEOPS} | 1.111 | {FUSEOPS}: 1.000 (" in text and "| 1.000 | costfuse |" in text
     # without a confirmation the pick's own round gives the regret
     fake, calls = _fake_rounds({"costfuse": 1.0, FUSEOPS: 0.9}, {})
-    monkeypatch.setattr(regret_mod, "_time_builds", fake)
+    monkeypatch.setattr(regret_mod, "time_builds", fake)
     row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), confirm=0)
     assert len(calls) == 1 and row["confirmed"] is None
     assert row["regret"] == pytest.approx(1 / 0.9) and row["best"] == FUSEOPS
@@ -186,7 +186,7 @@ def test_a_win_of_costfuses_plan_is_timed_again_too(monkeypatch) -> None:
     mod, inputs = channel_chain_program(1, 24, 144, 56, 56, stride=2, prepared=False)
     fake, calls = _fake_rounds({"costfuse": 1.0, FUSEOPS: 1.05},
                                {"costfuse": 1.0, FUSEOPS: 0.97})
-    monkeypatch.setattr(regret_mod, "_time_builds", fake)
+    monkeypatch.setattr(regret_mod, "time_builds", fake)
     row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), confirm=2)
     assert row["pick"] == "costfuse" and calls[1] == {"costfuse": 2, FUSEOPS: 2}
     assert row["confirmed"]["rival"] == FUSEOPS

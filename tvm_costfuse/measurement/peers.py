@@ -14,7 +14,8 @@ from collections.abc import Callable
 import numpy as np
 import tvm
 
-from .timing import call_sampler
+from .quiet import OtherLoad
+from .timing import call_sampler, interleave, vm_sampler
 
 __all__ = ["SAMPLE_MS", "SETTLE_S", "compiled_call", "eager_sampler", "first_output",
            "ort_session", "thread_pool", "with_threads"]
@@ -44,6 +45,20 @@ def with_threads(sample: Callable[[], float], threads: int) -> Callable[[], floa
         return sample()
 
     return timed
+
+
+def time_builds(builds: dict[str, list], inputs, threads: int, repeat: int
+                ) -> tuple[dict[str, list[float]], float]:
+    """Every build of every variant (``{variant: [executable, ...]}``) timed in the same
+    interleaved rounds at ``threads`` threads: per variant, each build's median (ms), and the
+    cores other processes used meanwhile. Builds of one plan differ (where each library lands
+    in memory), so a variant's time is read over its builds, not from one."""
+    thread_pool(threads)
+    with OtherLoad() as load:
+        got = interleave({f"{k}#{b}": with_threads(vm_sampler(ex, inputs), threads)
+                          for k, exs in builds.items() for b, ex in enumerate(exs)}, repeat)
+    return ({k: [float(np.median(got[f"{k}#{b}"])) * 1e3 for b in range(len(exs))]
+             for k, exs in builds.items()}, load.cores)
 
 
 def eager_sampler(call: Callable[[], object], threads: int) -> Callable[[], float]:

@@ -51,7 +51,7 @@ import tvm
 from ..config import FusionConfig
 from ..cost.analytical import one_footing
 from ..graph import OpGraph, build_graph
-from ..measurement.peers import thread_pool, with_threads
+from ..measurement.peers import thread_pool, time_builds, with_threads
 from ..measurement.quiet import OtherLoad
 from ..measurement.timing import (
     SCALED_TOLERANCE,
@@ -280,7 +280,7 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
                          "output's scale off no fusion")
     every = {k: v for k, v in every.items() if k not in dropped}  # a wrong plan is no best
     say(f"timing round 2 ({builds} build(s) per plan)")
-    build_ms, load2 = _time_builds(every, inputs, threads, repeat)
+    build_ms, load2 = time_builds(every, inputs, threads, repeat)
     every.clear()
     ms = {k: float(np.median(v)) for k, v in build_ms.items()}
     pick = min(ms, key=ms.get)
@@ -309,7 +309,7 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     if not wrong[rival] <= SCALED_TOLERANCE:
         row["dropped"] = {**dropped, rival: f"{wrong[rival]:.1e} off (fresh build)"}
         return row  # that plan is no best: round 2's figure stands against the rest
-    conf_ms, load3 = _time_builds(fresh, inputs, threads, repeat)
+    conf_ms, load3 = time_builds(fresh, inputs, threads, repeat)
     ratio = float(np.median(conf_ms["costfuse"]) / np.median(conf_ms[rival]))
     row["confirmed"] = {"rival": rival, "build_ms": conf_ms, "ratio": ratio,
                         "other_load": load3,
@@ -318,18 +318,6 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     row["regret"] = max(1.0, ratio)
     row["best"] = rival if ratio > 1.0 else "costfuse"
     return row
-
-
-def _time_builds(every: dict[str, list], inputs, threads: int, repeat: int
-                 ) -> tuple[dict[str, list[float]], float]:
-    """Every build of every plan timed in the same interleaved rounds: per plan, each build's
-    median (ms); and the cores other processes used meanwhile."""
-    thread_pool(threads)
-    with OtherLoad() as load:
-        got = interleave({f"{k}#{b}": with_threads(vm_sampler(ex, inputs), threads)
-                          for k, exs in every.items() for b, ex in enumerate(exs)}, repeat)
-    return ({k: [float(np.median(got[f"{k}#{b}"])) * 1e3 for b in range(len(exs))]
-             for k, exs in every.items()}, load.cores)
 
 
 def build_interval(ours: Sequence[float], best: Sequence[float], level: float = 0.9,
