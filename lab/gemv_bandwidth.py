@@ -9,7 +9,7 @@ calibration's DRAM bandwidth (``TargetDesc.dram_bw``; the weights of a step are 
 step, from DRAM unless the whole step's weights fit in the last-level cache). GEMVs here: the
 matmul kernels whose largest argument holds at least 80% of their bytes::
 
-    python lab/gemv_bandwidth.py qwen2_decode1024 --threads 1
+    python lab/gemv_bandwidth.py qwen2_decode1024 --threads 1 [--huge-pages]
 """
 
 from __future__ import annotations
@@ -25,10 +25,14 @@ from tvm import relax
 sys.path.insert(0, os.path.dirname(__file__))
 from fusion_bound import _kernel_seconds
 
+from tvm_costfuse import huge_pages
+from tvm_costfuse.measurement.calibrate import stream_timer
 from tvm_costfuse.models import corpus
 from tvm_costfuse.pipelines import fuse
 from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
-from tvm_costfuse.targets import host_target, resolve
+from tvm_costfuse.targets import host_target, isa, resolve
+
+_STREAM_BYTES = 256 << 20  # as the full calibration's DRAM stream
 
 
 def _nbytes(ty) -> int:
@@ -43,14 +47,18 @@ def _nbytes(ty) -> int:
 
 
 def _kernel_bytes(fused: tvm.IRModule) -> dict[str, list[int]]:
-    """Per kernel: the bytes of each argument and of its output, from the calls in ``main``."""
-    out = {}
+    """Per kernel: the bytes of each argument and of its output, summed over its calls in
+    ``main`` (a layer's kernel is called once per layer; ``_kernel_seconds`` sums its calls'
+    time too)."""
+    out: dict[str, list[int]] = {}
     for block in fused["main"].body.blocks:
         for binding in block.bindings:
             call = binding.value
             if isinstance(call, relax.Call) and call.op.same_as(tvm.ir.Op.get("relax.call_tir")):
-                args = [_nbytes(a.ty) for a in call.args[1].fields]
-                out[call.args[0].name_hint] = [*args, _nbytes(binding.var.ty)]
+                sizes = [*(_nbytes(a.ty) for a in call.args[1].fields), _nbytes(binding.var.ty)]
+                name = call.args[0].name_hint
+                out[name] = [a + b for a, b in zip(out.get(name, [0] * len(sizes)), sizes,
+                                                   strict=True)]
     return out
 
 
@@ -60,6 +68,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="the build's memory in 2 MiB pages (tvm_costfuse.huge_pages)")
     args = ap.parse_args()
     target = host_target(args.threads)
     desc = resolve(target).desc
@@ -68,6 +78,8 @@ def main() -> None:
     fused = fuse(mod, target, fusion_pass("costfuse", target))
     sizes = _kernel_bytes(fused)
     ex = tvm.compile(mod, target, relax_pipeline=strategy_pipeline("costfuse", target))
+    if args.huge_pages:
+        print(huge_pages.collapse().describe())
     seconds = _kernel_seconds(ex, inputs, args.runs)
     llc = desc.l3_bytes or desc.l2_bytes
     print(f"{args.model}, {args.threads} thread(s), calibrated DRAM {desc.dram_bw / 1e9:.1f} GB/s"
@@ -88,6 +100,15 @@ def main() -> None:
         rate = total_bytes / total_s
         print(f"GEMVs together: {total_bytes / 2**20:.1f} MiB in {total_s * 1e3:.2f} ms, "
               f"{rate / 1e9:.1f} GB/s, {rate / desc.dram_bw:.2f} of the calibrated DRAM bandwidth")
+        # The host's bandwidth moves within the hour: the calibration's stream again, now, in
+        # the same kind of pages as the model's weights.
+        moved, timer = stream_timer(_STREAM_BYTES, isa.vector_bits(target) // 32, args.threads,
+                                    target)
+        if args.huge_pages:
+            huge_pages.collapse()
+        now = moved / timer(9, 50)
+        print(f"the calibration's stream, timed now: {now / 1e9:.1f} GB/s; the GEMVs at "
+              f"{rate / now:.2f} of it")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,64 @@
+"""A/B of 2 MiB pages under a model's weights: the same plan built twice in one process, one
+build's memory left in 4 KiB pages, the other's collapsed (``tvm_costfuse.huge_pages``), timed
+in interleaved rounds (``measurement.peers.time_builds``) and compared for numerics::
+
+    python lab/huge_pages_ab.py --models qwen2_decode1024 llama_decode128 --threads 1 2
+
+The 4 KiB build is built first and every chunk resident by then is left alone, so the second
+build's constants (imported weights, compile-time packed panels) are what moves; the bytes that
+moved are printed beside the timings (memory the second build reused from the first one's
+freed compile buffers stays in 4 KiB pages, so the effect is if anything understated).
+``--control`` collapses nothing: the two builds' own spread, the noise floor of the A/B.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvm_costfuse import huge_pages
+from tvm_costfuse.measurement.peers import time_builds
+from tvm_costfuse.measurement.timing import run
+from tvm_costfuse.models import corpus
+from tvm_costfuse.strategies import strategy_pipeline
+from tvm_costfuse.targets import host_target
+
+
+def _build(name: str, strategy: str, target):
+    mod, inputs, _ = corpus.load(name)
+    ex = tvm.compile(mod, target=target, relax_pipeline=strategy_pipeline(strategy, target))
+    relax.VirtualMachine(ex, tvm.cpu())  # constants resident before the snapshot
+    return ex, inputs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", required=True)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1])
+    ap.add_argument("--strategy", default="costfuse")
+    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--control", action="store_true",
+                    help="collapse nothing: the two builds' own spread")
+    args = ap.parse_args()
+    for name in args.models:
+        target = host_target(max(args.threads))
+        small, inputs = _build(name, args.strategy, target)
+        ref = run(small, inputs)
+        keep = frozenset(huge_pages.resident_chunks())
+        huge, _ = _build(name, args.strategy, target)
+        moved = (huge_pages.Collapsed(0, "--control") if args.control
+                 else huge_pages.collapse(keep=keep))
+        for a, b in zip(ref, run(huge, inputs), strict=True):
+            np.testing.assert_array_equal(a, b)
+        print(f"{name}: {moved.describe()}")
+        for threads in args.threads:
+            ms, load = time_builds({"4k": [small], "2m": [huge]}, inputs, threads, args.repeat)
+            print(f"  {threads} thread(s): 4 KiB {ms['4k'][0]:.3f} ms, 2 MiB {ms['2m'][0]:.3f} ms,"
+                  f" {ms['4k'][0] / ms['2m'][0]:.2f}x (other load {load:.2f} cores)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
