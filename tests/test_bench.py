@@ -61,10 +61,11 @@ def test_bench_without_a_pytorch_form_says_so_and_plots(tmp_path, capsys) -> Non
 
     plot = tmp_path / "bench.png"
     assert main(["bench", "mlp_gelu", "--small", "--repeat", "1", "--peers", "eager",
-                 "--strategies", "tvm,costfuse", "--plot", str(plot)]) == 0
+                 "--strategies", "tvm,costfuse", "--plot", str(plot), "--huge-pages"]) == 0
     captured = capsys.readouterr()
     out = captured.out
     assert "no eager column: no PyTorch form" in out
+    assert "mlp_gelu: huge pages: " in out  # what moved, or why nothing did
     assert float(_row(out, "mlp_gelu")["costfuse@1 ms"]) > 0
     height, width, _ = matplotlib.image.imread(plot).shape  # a PNG that decodes
     assert height > 100 and width > 100

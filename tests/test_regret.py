@@ -202,3 +202,44 @@ def test_a_region_is_clear_only_outside_what_a_rebuild_moves() -> None:
     assert paired_ratio(flip, base) == (pytest.approx(1.05), True)
     assert paired_ratio(flip, base, margin=0.05) == (pytest.approx(1.05), False)
     assert paired_ratio([0.9] * 5, base, margin=0.05)[1]
+
+
+def test_a_clear_region_stays_clear_only_where_fresh_builds_say_so_again(monkeypatch) -> None:
+    """Round 1 measures each flip on one build; ``replicate_clear`` measures the clear ones
+    again on fresh builds and keeps those outside the band on the same side."""
+    from tvm_costfuse.report import replicate as rep
+
+    base_ms = 4.0
+    regions = [_region(1, 2, 4.4),  # flip 10% slower: CostFuse right, stays so
+               _region(1, 2, 4.4),  # 10% slower in round 1, even on fresh builds: a draw
+               _region(1, 2, 3.6),  # 10% faster in round 1, slower on fresh builds
+               _region(1, 2, 4.4, clear=False),  # not clear: not rebuilt
+               _region(1, 2, 4.4)]  # a fresh build computes something else
+    fresh = {0: 1.10, 1: 1.00, 2: 1.10, 4: 1.10}
+    built = []
+
+    def build_flip(i):
+        built.append(i)
+        return i
+
+    monkeypatch.setattr(rep, "vm_sampler", lambda ex, _inputs: ex)
+    monkeypatch.setattr(rep, "run", lambda ex, _inputs: [ex])
+    monkeypatch.setattr(rep, "scaled_error", lambda out, _ref: 1.0 if out == 4 else 0.0)
+
+    def interleave(samplers, repeat):
+        return {k: [fresh[int(k[4:])] if k.startswith("flip") else 1.0] * repeat
+                for k in samplers}
+
+    monkeypatch.setattr(rep, "interleave", interleave)
+    out, load = rep.replicate_clear(regions, base_ms, build_flip, lambda: "base", {}, None,
+                                    threads=1, repeat=5, band=0.03)
+    assert built == [0, 1, 2, 4] and load >= 0.0
+    assert [r.clear for r in out] == [True, False, False, False, False]
+    assert [r.replicated for r in out] == [pytest.approx(1.1), pytest.approx(1.0),
+                                           pytest.approx(1.1), None, None]
+    assert out[4].unbuilt == "WRONG (fresh build)"
+    # nothing clear: nothing built
+    built.clear()
+    none, _ = rep.replicate_clear([regions[3]], base_ms, build_flip, lambda: "base", {}, None,
+                                  1, 5, 0.03)
+    assert built == [] and none == [regions[3]]

@@ -133,7 +133,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             w = load_model(spec, args.small, workload)
             try:  # a model that fails is a row saying so; the rows timed so far are kept
                 rows.append(bench(w, args.threads, args.repeat, tmp, tuple(args.strategies),
-                                  tuple(args.peers), (lambda _t: bar.update(1)) if bar else None))
+                                  tuple(args.peers), (lambda _t: bar.update(1)) if bar else None,
+                                  args.huge_pages))
             except Exception as err:  # noqa: BLE001 -- reported in the table
                 rows.append({"model": spec,
                              "error": f"{type(err).__name__}: {headline(str(err))}"[:200]})
@@ -147,6 +148,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"host {short_target(host_target())}, {len(os.sched_getaffinity(0))} CPUs, "
           f"repeat {args.repeat}")
     print(text)
+    for r in rows:
+        if "pages" in r:
+            print(f"{r['model']}: {r['pages']}")
     if args.out:
         Path(args.out).write_text(text + "\n")
     if args.plot:
@@ -169,11 +173,12 @@ def cmd_regret(args: argparse.Namespace) -> int:
 
     done = rows(args.models, args.threads, args.repeat, lambda s: load_model(s, args.small),
                 lambda msg: print(f"regret {msg}", file=sys.stderr, flush=True), args.builds,
-                args.confirm)
+                args.confirm, args.replicate)
     text = "\n".join([table(done), *summary(done, args.threads)])
     print(f"host {short_target(host_target())}, {len(os.sched_getaffinity(0))} CPUs, "
           f"repeat {args.repeat}, {args.builds} build(s) per plan in round 2, "
-          f"{args.confirm} fresh build(s) of each of two in round 3")
+          f"{args.confirm} fresh build(s) of each of two in round 3"
+          + (", clear regions replicated on fresh builds" if args.replicate else ""))
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -157,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=int_at_least(1), default=5,
                        help="interleaved timing rounds (median reported)")
     bench.add_argument("--small", action="store_true", help=_SMALL)
+    bench.add_argument("--huge-pages", action="store_true",
+                       help="before timing, move the process's resident buffers (every "
+                            "column's weights alike) to 2 MiB pages (Linux 6.1+; "
+                            "tvm_costfuse.huge_pages): decode steps stream their weights "
+                            "faster")
     bench.add_argument("--out", default=None, type=output_file,
                        help="also write the markdown table here")
     bench.add_argument("--plot", metavar="PNG", type=plot_file,
@@ -179,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where round 2's fastest plan is not CostFuse's, compile both N "
                           "times afresh and read the regret from their side-by-side timing "
                           "(the pick's edge may be its luck; 0: take round 2's; default 3)")
+    reg.add_argument("--replicate", action=argparse.BooleanOptionalAction, default=True,
+                     help="measure each region clear in round 1 again on fresh builds of both "
+                          "sides; it stays clear only where it does so again (default on)")
     reg.add_argument("--small", action="store_true", help=_SMALL)
     reg.add_argument("--out", default=None, type=output_file,
                      help="also write the markdown tables here")

@@ -120,17 +120,16 @@ def collapse(min_bytes: int = CHUNK, keep: frozenset[int] = frozenset()) -> Coll
         return Collapsed(0, f"the host's THP mode is {mode or 'unknown'} ({_THP_MODE})")
     libc = _libc()
     before = _anon_huge_kib()
-    refused = None
+    refused = set()  # errno of each chunk refused: one chunk may be refused for its own reason
     for start in resident_chunks(min_bytes):
         if start in keep:
             continue
         if (libc.madvise(start, CHUNK, _MADV_HUGEPAGE) != 0
                 or libc.madvise(start, CHUNK, _MADV_COLLAPSE) != 0):
-            err = ctypes.get_errno()
-            if err == errno.EINVAL:
-                return Collapsed(0, "this kernel has no MADV_COLLAPSE (Linux 6.1+)")
-            refused = os.strerror(err)
+            refused.add(ctypes.get_errno())
     gained = max(0, _anon_huge_kib() - before) << 10
+    if gained == 0 and refused == {errno.EINVAL}:
+        return Collapsed(0, "madvise refused MADV_COLLAPSE (it needs Linux 6.1+)")
     if gained == 0 and refused:
-        return Collapsed(0, f"madvise refused: {refused}")
+        return Collapsed(0, "madvise refused: " + ", ".join(sorted(map(os.strerror, refused))))
     return Collapsed(gained)

@@ -33,7 +33,8 @@ ratio to CostFuse's plan carries the build's draw as well as the region's effect
 *clear* when the interquartile range of its paired ratios (flip / CostFuse,
 :func:`paired_ratio`) stays outside ``1 +- band``, the band being the range of CostFuse's own
 second-round builds (:func:`rebuild_band`: slowest / fastest - 1; 1% at least, and only that
-with one build per plan).
+with one build per plan), and when it stays so, on the same side, measured again on fresh
+builds of the flip and of CostFuse's plan (``report.replicate``; ``replicate=False`` skips it).
 On the clear regions the share where CostFuse's side was faster is printed next to the share
 where the side with fewer kernels (always fuse) and with more (never fuse) was, over the
 regions whose sides differ in kernel count.
@@ -92,6 +93,7 @@ class Region:
     flipped_ms: float | None = None  # the model with this region as FuseOps groups it
     clear: bool = False
     unbuilt: str = ""  # why the flipped plan was not timed (a cycle, a build error, wrong)
+    replicated: float | None = None  # flip / CostFuse again, on fresh builds of both
 
 
 class Plans(NamedTuple):
@@ -196,7 +198,7 @@ def combine_faster(base_s: float, flipped_s: dict[int, float],
 
 def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
            progress: Callable[[str], None] | None = None, desc: TargetDesc | None = None,
-           builds: int = 1, confirm: int = 3) -> dict:
+           builds: int = 1, confirm: int = 3, replicate: bool = True) -> dict:
     """One model's regret row at ``threads`` threads (see the module's docstring)."""
     target = host_target(threads)
     p = plans(mod, target, desc)
@@ -288,11 +290,20 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     for i in timed:  # clear of what a rebuild alone moves
         regions[i] = replace(regions[i], clear=paired_ratio(
             first[f"flip{i}"], first[f"base{i}"], band)[1])
+    load_r = 0.0
+    if replicate:
+        from .replicate import replicate_clear
+
+        n = sum(r.clear for r in regions)
+        say(f"replicating {n} clear region(s) on fresh builds")
+        regions, load_r = replicate_clear(
+            regions, base, lambda i: build(flip_units[i]), lambda: build(p.ours), inputs, ref,
+            threads, repeat, band)
     row = {"band": band, "threads": threads, "builds": builds, "ms": ms, "build_ms": build_ms,
            "dropped": dropped, "pick": pick, "regret": ms["costfuse"] / ms[pick], "best": pick,
            "regions": regions, "combined": len(kept), "left_out": left_out,
            "max_err": max(errors.values()), "costfuse_ms_round1": base * 1e3,
-           "other_load": (load.cores, load2), "confirmed": None}
+           "other_load": (load.cores, load2, load_r), "confirmed": None}
     others = sorted((k for k in ms if k != "costfuse"), key=ms.get)
     if not confirm or not others:
         return row
@@ -354,7 +365,7 @@ def _said(row: dict) -> str:
 
 def rows(specs: Sequence[str], threads: Sequence[int], repeat: int,
          load: Callable[[str], tuple], say: Callable[[str], None], builds: int = 1,
-         confirm: int = 3) -> list[dict]:
+         confirm: int = 3, replicate: bool = True) -> list[dict]:
     """:func:`regret` per model and thread count; a model that fails is a row saying so, and
     the rows measured before it are kept."""
     out = []
@@ -366,7 +377,8 @@ def rows(specs: Sequence[str], threads: Sequence[int], repeat: int,
 
             try:
                 out.append({"model": spec, **regret(mod, inputs, t, repeat, progress,
-                                                     builds=builds, confirm=confirm)})
+                                                     builds=builds, confirm=confirm,
+                                                     replicate=replicate)})
                 progress(_said(out[-1]))  # as each row ends: a run cut short keeps them
             except Exception as err:  # noqa: BLE001 -- reported in the table
                 lines = str(err).splitlines() or [""]

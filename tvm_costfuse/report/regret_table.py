@@ -85,8 +85,9 @@ def table(rows: Sequence[dict]) -> str:
             f"{len(row['regions'])} ({n_clear}) | {row['max_err']:.1e} | "
             + " / ".join(f"{x:.2f}" for x in load) + " |")
     lines += ["", ("| model | threads | where | ops | CostFuse's kernels | FuseOps' kernels | "
-                   "predicted us (ours / theirs) | flipped / CostFuse (round 1) | clear |"),
-              "|---|---|---|---|---|---|---|---|---|"]
+                   "predicted us (ours / theirs) | flipped / CostFuse (round 1) | fresh "
+                   "builds | clear |"),
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for r in row.get("regions", ()):
             ratio = (f"{r.flipped_ms / row['costfuse_ms_round1']:.3f}"
@@ -94,5 +95,6 @@ def table(rows: Sequence[dict]) -> str:
             lines.append(f"| {row['model']} | {row['threads']} | {r.where} | {r.ops} | "
                          f"{' + '.join(r.ours)} | {' + '.join(r.theirs)} | "
                          f"{r.predicted_us[0]:.1f} / {r.predicted_us[1]:.1f} | {ratio} | "
+                         f"{'-' if r.replicated is None else f'{r.replicated:.3f}'} | "
                          f"{'yes' if r.clear else 'no'} |")
     return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""``tvm_costfuse.huge_pages``: resident buffers moved to 2 MiB pages, or a reason why not.
+Which of the two a host gives depends on its kernel and THP mode; both are asserted."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from tvm_costfuse import huge_pages
+from tvm_costfuse.huge_pages import CHUNK, Collapsed
+
+_KNOWN = ("no transparent huge pages", "THP mode", "MADV_COLLAPSE", "madvise refused")
+
+
+def _fresh(nbytes: int) -> tuple[mmap.mmap, np.ndarray]:
+    """A private anonymous mapping of its own (not a malloc arena's reused memory), every
+    page written."""
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    a = np.frombuffer(m, np.float32)
+    a[:] = 1.0
+    return m, a
+
+
+def _huge_kib_in(a: np.ndarray) -> int:
+    """AnonHugePages of the mappings overlapping ``a``'s bytes (``/proc/self/smaps``;
+    marking chunks splits a mapping, so several may hold it)."""
+    lo, hi = a.ctypes.data, a.ctypes.data + a.nbytes
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start < hi and lo < end
+            elif inside and head == "AnonHugePages:":
+                total += int(line.split()[1])
+    return total
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
+
+
+def test_a_resident_buffer_moves_to_huge_pages_or_the_reason_is_given() -> None:
+    m, buf = _fresh(16 * CHUNK)  # 32 MiB
+    result = huge_pages.collapse()
+    if result.skipped:
+        assert any(k in result.skipped for k in _KNOWN), result.skipped
+        assert result.bytes == 0 and "not used" in result.describe()
+        return
+    assert result.bytes >= 15 * CHUNK, result  # at least its aligned chunks
+    assert _huge_kib_in(buf) >= (15 * CHUNK) >> 10
+    assert float(buf.sum()) == buf.size  # the data survived the move
+    assert "MiB of resident buffers" in result.describe()
+    del buf
+    m.close()
+
+
+def test_chunks_kept_stay_in_small_pages() -> None:
+    """``keep`` is an A/B's other side: only what became resident after it was taken moves."""
+    m1, first = _fresh(16 * CHUNK)
+    keep = frozenset(huge_pages.resident_chunks())
+    m2, second = _fresh(8 * CHUNK)
+    result = huge_pages.collapse(keep=keep)
+    if result.skipped:
+        assert any(k in result.skipped for k in _KNOWN), result.skipped
+        return
+    assert 7 * CHUNK <= result.bytes <= 12 * CHUNK, result  # second's 16 MiB, not first's 32
+    assert _huge_kib_in(second) >= (7 * CHUNK) >> 10
+    assert float(first.sum()) == first.size and float(second.sum()) == second.size
+    del first, second
+    m1.close()
+    m2.close()
+
+
+def test_untouched_memory_is_not_populated() -> None:
+    """Only chunks whose every page is resident move: collapsing a reserved, never written
+    range would allocate it."""
+    reserved = mmap.mmap(-1, 32 * CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    before = _rss_kib()
+    huge_pages.collapse()
+    assert _rss_kib() - before < (16 * CHUNK) >> 10
+    reserved.close()
+
+
+def test_off_linux_nothing_happens(monkeypatch) -> None:
+    monkeypatch.setattr(huge_pages.sys, "platform", "darwin")
+    assert huge_pages.collapse() == Collapsed(0, "darwin has no transparent huge pages")
