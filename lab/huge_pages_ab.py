@@ -40,24 +40,34 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1])
     ap.add_argument("--strategy", default="costfuse")
     ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--builds", type=int, default=1,
+                    help="compilations per side: a side's time is their median, and the "
+                         "spread between them is printed (does the page size set it?)")
     ap.add_argument("--control", action="store_true",
                     help="collapse nothing: the two builds' own spread")
     args = ap.parse_args()
     for name in args.models:
         target = host_target(max(args.threads))
-        small, inputs = _build(name, args.strategy, target)
-        ref = run(small, inputs)
+        small = [_build(name, args.strategy, target) for _ in range(args.builds)]
+        inputs = small[0][1]
+        small = [ex for ex, _ in small]
+        ref = run(small[0], inputs)
         keep = frozenset(huge_pages.resident_chunks())
-        huge, _ = _build(name, args.strategy, target)
+        huge = [_build(name, args.strategy, target)[0] for _ in range(args.builds)]
         moved = (huge_pages.Collapsed(0, "--control") if args.control
                  else huge_pages.collapse(keep=keep))
-        for a, b in zip(ref, run(huge, inputs), strict=True):
-            np.testing.assert_array_equal(a, b)
+        for ex in [*small[1:], *huge]:
+            for a, b in zip(ref, run(ex, inputs), strict=True):
+                np.testing.assert_array_equal(a, b)
         print(f"{name}: {moved.describe()}")
         for threads in args.threads:
-            ms, load = time_builds({"4k": [small], "2m": [huge]}, inputs, threads, args.repeat)
-            print(f"  {threads} thread(s): 4 KiB {ms['4k'][0]:.3f} ms, 2 MiB {ms['2m'][0]:.3f} ms,"
-                  f" {ms['4k'][0] / ms['2m'][0]:.2f}x (other load {load:.2f} cores)", flush=True)
+            ms, load = time_builds({"4k": small, "2m": huge}, inputs, threads, args.repeat)
+            a, b = float(np.median(ms["4k"])), float(np.median(ms["2m"]))
+            spread = {k: max(v) / min(v) - 1 for k, v in ms.items()}
+            print(f"  {threads} thread(s): 4 KiB {a:.3f} ms, 2 MiB {b:.3f} ms, {a / b:.2f}x; "
+                  f"builds 4 KiB {' '.join(f'{x:.3f}' for x in ms['4k'])} (spread "
+                  f"{spread['4k']:.1%}), 2 MiB {' '.join(f'{x:.3f}' for x in ms['2m'])} (spread "
+                  f"{spread['2m']:.1%}); other load {load:.2f} cores", flush=True)
 
 
 if __name__ == "__main__":
