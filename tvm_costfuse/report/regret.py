@@ -70,6 +70,8 @@ from ..regions import differing_regions
 from ..strategies import strategy_pipeline, tir_pipeline
 from ..targets import TargetDesc, for_target, host_target
 from ..transform import plan_module
+from .paired import paired_ratio, rebuild_band
+from .replicate import replicate_clear
 
 __all__ = ["FUSEOPS", "Plans", "Region", "build_interval", "combine_faster", "paired_ratio",
            "plans", "rebuild_band", "regret", "rows"]
@@ -102,24 +104,6 @@ class Plans(NamedTuple):
     theirs: Units
     pairs: list[tuple[Units, Units]]  # per region: (CostFuse's units, FuseOps' units)
     regions: list[Region]
-
-
-def rebuild_band(builds_ms: Sequence[float]) -> float:
-    """How far apart builds of one plan ran: the slowest build's median over the fastest's,
-    less 1 (0 for one build). A flip's ratio compares two builds, so its build draws alone may
-    move it that far; from a few builds this is still an under-estimate of the range."""
-    return max(builds_ms) / min(builds_ms) - 1.0
-
-
-def paired_ratio(flip: Sequence[float], base: Sequence[float], margin: float = 0.01
-                 ) -> tuple[float, bool]:
-    """(median over rounds of flip / the base sample taken just before it, whether that ratio
-    is clear of 1): clear when its interquartile range stays outside ``1 +- margin``. Paired
-    samples cancel the drift of a shared host between rounds, and a base sample that was slow
-    by chance moves one ratio, not every region's verdict (as one median base would)."""
-    r = np.asarray(flip) / np.asarray(base)
-    q1, q2, q3 = np.percentile(r, [25, 50, 75])
-    return float(q2), bool(q1 > 1.0 + margin or q3 < 1.0 - margin)
 
 
 def _groups(units: Units) -> list[list[str]]:
@@ -292,8 +276,6 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
             first[f"flip{i}"], first[f"base{i}"], band)[1])
     load_r = 0.0
     if replicate:
-        from .replicate import replicate_clear
-
         n = sum(r.clear for r in regions)
         say(f"replicating {n} clear region(s) on fresh builds")
         regions, load_r = replicate_clear(

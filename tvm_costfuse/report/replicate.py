@@ -21,18 +21,19 @@ from dataclasses import replace
 from ..measurement.peers import thread_pool, with_threads
 from ..measurement.quiet import OtherLoad
 from ..measurement.timing import SCALED_TOLERANCE, interleave, run, scaled_error, vm_sampler
-from .regret import Region, paired_ratio
+from .paired import paired_ratio
 
 __all__ = ["replicate_clear"]
 
 
-def replicate_clear(regions: list[Region], base_ms: float, build_flip: Callable[[int], object],
+def replicate_clear(regions: list, base_ms: float, build_flip: Callable[[int], object],
                     build_base: Callable[[], object], inputs, ref, threads: int, repeat: int,
-                    band: float) -> tuple[list[Region], float]:
-    """``regions`` with each clear one measured again on fresh builds (``build_flip(i)``
-    against ``build_base()``): ``replicated`` set to the fresh flip / CostFuse ratio, and
-    ``clear`` kept only where that ratio is outside ``1 +- band`` on round 1's side. Returns
-    the regions and the cores other processes used meanwhile (0 when none was clear)."""
+                    band: float) -> tuple[list, float]:
+    """``regions`` (``report.regret.Region``) with each clear one measured again on fresh
+    builds (``build_flip(i)`` against ``build_base()``): ``replicated`` set to the fresh
+    flip / CostFuse ratio, and ``clear`` kept only where that ratio is outside ``1 +- band``
+    on round 1's side. Returns the regions and the cores other processes used meanwhile (0
+    when none was clear)."""
     regions = list(regions)
     clear = [i for i, r in enumerate(regions) if r.clear and r.flipped_ms is not None]
     if not clear:
