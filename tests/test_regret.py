@@ -206,16 +206,18 @@ def test_a_region_is_clear_only_outside_what_a_rebuild_moves() -> None:
 
 def test_a_clear_region_stays_clear_only_where_fresh_builds_say_so_again(monkeypatch) -> None:
     """Round 1 measures each flip on one build; ``replicate_clear`` measures the clear ones
-    again on fresh builds and keeps those outside the band on the same side."""
+    again on fresh builds and keeps those outside the band on round 1's side, whichever side
+    that is."""
     from tvm_costfuse.report import replicate as rep
 
-    base_ms = 4.0
     regions = [_region(1, 2, 4.4),  # flip 10% slower: CostFuse right, stays so
                _region(1, 2, 4.4),  # 10% slower in round 1, even on fresh builds: a draw
                _region(1, 2, 3.6),  # 10% faster in round 1, slower on fresh builds
                _region(1, 2, 4.4, clear=False),  # not clear: not rebuilt
-               _region(1, 2, 4.4)]  # a fresh build computes something else
-    fresh = {0: 1.10, 1: 1.00, 2: 1.10, 4: 1.10}
+               _region(1, 2, 4.4),  # a fresh build computes something else
+               _region(1, 2, 3.6)]  # 10% faster, again on fresh builds: CostFuse wrong, clear
+    round1 = {0: 1.1, 1: 1.1, 2: 0.9, 3: 1.1, 4: 1.1, 5: 0.9}
+    fresh = {0: 1.10, 1: 1.00, 2: 1.10, 4: 1.10, 5: 0.90}
     built = []
 
     def build_flip(i):
@@ -231,15 +233,42 @@ def test_a_clear_region_stays_clear_only_where_fresh_builds_say_so_again(monkeyp
                 for k in samplers}
 
     monkeypatch.setattr(rep, "interleave", interleave)
-    out, load = rep.replicate_clear(regions, base_ms, build_flip, lambda: "base", {}, None,
+    out, load = rep.replicate_clear(regions, round1, build_flip, lambda: "base", {}, None,
                                     threads=1, repeat=5, band=0.03)
-    assert built == [0, 1, 2, 4] and load >= 0.0
-    assert [r.clear for r in out] == [True, False, False, False, False]
+    assert built == [0, 1, 2, 4, 5] and load >= 0.0
+    assert [r.clear for r in out] == [True, False, False, False, False, True]
     assert [r.replicated for r in out] == [pytest.approx(1.1), pytest.approx(1.0),
-                                           pytest.approx(1.1), None, None]
+                                           pytest.approx(1.1), None, None, pytest.approx(0.9)]
     assert out[4].unbuilt == "WRONG (fresh build)"
-    # nothing clear: nothing built
+    from tvm_costfuse.report.regret_table import _fresh
+
+    assert [_fresh(r) for r in out] == ["1.100", "1.000", "1.100", "-", "WRONG (fresh build)",
+                                        "0.900"]
+    # nothing clear: nothing built, nothing timed
     built.clear()
-    none, _ = rep.replicate_clear([regions[3]], base_ms, build_flip, lambda: "base", {}, None,
-                                  1, 5, 0.03)
-    assert built == [] and none == [regions[3]]
+    none, load = rep.replicate_clear([regions[3]], {0: 1.1}, build_flip, lambda: "base", {},
+                                     None, 1, 5, 0.03)
+    assert built == [] and none == [regions[3]] and np.isnan(load)
+    # a fresh build of CostFuse's plan that computes something else is an error, not a base
+    with pytest.raises(ValueError, match="fresh build of CostFuse's plan"):
+        rep.replicate_clear(regions[:1], {0: 1.1}, build_flip, lambda: 4, {}, None, 1, 5, 0.03)
+
+
+def test_regret_hands_replication_round_1_as_ratios(monkeypatch) -> None:
+    """The side a region took in round 1 reaches ``replicate_clear`` as a unitless ratio (it
+    once compared a region's milliseconds with the plan's seconds: every side read 'slower')."""
+    from tvm_costfuse.report import regret as regret_module
+
+    seen = {}
+
+    def spy(regions, round1, *args, **kwargs):
+        seen.update(round1)
+        return regions, 0.0
+
+    monkeypatch.setattr(regret_module, "replicate_clear", spy)
+    mod, inputs = channel_chain_program(1, 24, 144, 56, 56, stride=2, prepared=False)
+    row = regret(mod, inputs, threads=1, repeat=5, desc=host(1, calibration=False), confirm=0)
+    (region,) = row["regions"]
+    assert set(seen) == {0}
+    assert seen[0] == pytest.approx(region.flipped_ms / row["costfuse_ms_round1"])
+    assert 0.2 < seen[0] < 5.0  # a ratio of two times of one model, not ms over seconds

@@ -274,12 +274,13 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     for i in timed:  # clear of what a rebuild alone moves
         regions[i] = replace(regions[i], clear=paired_ratio(
             first[f"flip{i}"], first[f"base{i}"], band)[1])
-    load_r = 0.0
+    load_r = float("nan")  # no replication round: nothing read
     if replicate:
         n = sum(r.clear for r in regions)
         say(f"replicating {n} clear region(s) on fresh builds")
+        round1 = {i: regions[i].flipped_ms / (base * 1e3) for i in timed}
         regions, load_r = replicate_clear(
-            regions, base, lambda i: build(flip_units[i]), lambda: build(p.ours), inputs, ref,
+            regions, round1, lambda i: build(flip_units[i]), lambda: build(p.ours), inputs, ref,
             threads, repeat, band)
     row = {"band": band, "threads": threads, "builds": builds, "ms": ms, "build_ms": build_ms,
            "dropped": dropped, "pick": pick, "regret": ms["costfuse"] / ms[pick], "best": pick,

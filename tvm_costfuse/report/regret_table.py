@@ -47,10 +47,19 @@ def summary(rows: Sequence[dict], threads: Sequence[int]) -> list[str]:
                            if k in acc)
         sided = (f" ({acc['sided']} with sides of unequal kernel counts): right {shares}"
                  if shares else "")
+        again = (", again on fresh builds" if any(reg.replicated is not None for r in at
+                                                   for reg in r["regions"]) else "")
         lines.append(f"- {t} thread(s): regret geomean {geomean([r['regret'] for r in at]):.3f},"
                      f" worst {worst['regret']:.3f} ({worst['model']}); {acc['clear']} regions "
-                     f"clear of their row's rebuild band{sided}")
+                     f"clear of their row's rebuild band{again}{sided}")
     return lines
+
+
+def _fresh(r: Region) -> str:
+    """The region's ratio on fresh builds, or why it has none though round 1 timed it."""
+    if r.flipped_ms is not None and r.unbuilt:
+        return r.unbuilt
+    return "-" if r.replicated is None else f"{r.replicated:.3f}"
 
 
 def table(rows: Sequence[dict]) -> str:
@@ -95,6 +104,6 @@ def table(rows: Sequence[dict]) -> str:
             lines.append(f"| {row['model']} | {row['threads']} | {r.where} | {r.ops} | "
                          f"{' + '.join(r.ours)} | {' + '.join(r.theirs)} | "
                          f"{r.predicted_us[0]:.1f} / {r.predicted_us[1]:.1f} | {ratio} | "
-                         f"{'-' if r.replicated is None else f'{r.replicated:.3f}'} | "
+                         f"{_fresh(r)} | "
                          f"{'yes' if r.clear else 'no'} |")
     return "\n".join(lines)
