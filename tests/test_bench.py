@@ -65,7 +65,7 @@ def test_bench_without_a_pytorch_form_says_so_and_plots(tmp_path, capsys) -> Non
     captured = capsys.readouterr()
     out = captured.out
     assert "no eager column: no PyTorch form" in out
-    assert "mlp_gelu: huge pages: " in out  # what moved, or why nothing did
+    assert "mlp_gelu @1: huge pages: " in out and "--huge-pages" in out  # what moved, or why not
     assert float(_row(out, "mlp_gelu")["costfuse@1 ms"]) > 0
     height, width, _ = matplotlib.image.imread(plot).shape  # a PNG that decodes
     assert height > 100 and width > 100

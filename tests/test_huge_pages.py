@@ -43,31 +43,44 @@ def _rss_kib() -> int:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
 
 
+def _known(result: Collapsed) -> bool:
+    """Nothing moved for a reason the module names (no THP, an old kernel, ...), or the kernel
+    refused some chunks (a fragmented or memory-tight host) and said why."""
+    reason = result.skipped or result.why_refused
+    return bool(reason) and any(k in reason for k in _KNOWN + ("chunk",)) or result.refused > 0
+
+
 def test_a_resident_buffer_moves_to_huge_pages_or_the_reason_is_given() -> None:
-    m, buf = _fresh(16 * CHUNK)  # 32 MiB
+    m, buf = _fresh(16 * CHUNK)  # every page written
     result = huge_pages.collapse()
-    if result.skipped:
-        assert any(k in result.skipped for k in _KNOWN), result.skipped
-        assert result.bytes == 0 and "not used" in result.describe()
+    if result.skipped or result.refused:
+        assert _known(result), result
+        if result.skipped:
+            assert result.moved == 0 and "not used" in result.describe()
         return
-    assert result.bytes >= 15 * CHUNK, result  # at least its aligned chunks
-    assert _huge_kib_in(buf) >= (15 * CHUNK) >> 10
+    # in THP mode "always" the writes above may have faulted huge pages in already: what is
+    # asserted is the state after the call, not what this call moved
+    assert _huge_kib_in(buf) >= (15 * CHUNK) >> 10  # at least its aligned chunks
     assert float(buf.sum()) == buf.size  # the data survived the move
     assert "MiB of resident buffers" in result.describe()
     del buf
     m.close()
 
 
-def test_chunks_kept_stay_in_small_pages() -> None:
+def test_chunks_kept_stay_as_they_were() -> None:
     """``keep`` is an A/B's other side: only what became resident after it was taken moves."""
     m1, first = _fresh(16 * CHUNK)
+    # adjacent mappings of one kind merge into one, whose AnonHugePages would count both
+    # buffers: a flag of no consequence here keeps the first one a mapping of its own
+    m1.madvise(mmap.MADV_DONTFORK)
     keep = frozenset(huge_pages.resident_chunks())
+    first_before = _huge_kib_in(first)
     m2, second = _fresh(8 * CHUNK)
     result = huge_pages.collapse(keep=keep)
-    if result.skipped:
-        assert any(k in result.skipped for k in _KNOWN), result.skipped
+    if result.skipped or result.refused:
+        assert _known(result), result
         return
-    assert 7 * CHUNK <= result.bytes <= 12 * CHUNK, result  # second's 16 MiB, not first's 32
+    assert _huge_kib_in(first) == first_before  # 0 in THP mode "madvise"
     assert _huge_kib_in(second) >= (7 * CHUNK) >> 10
     assert float(first.sum()) == first.size and float(second.sum()) == second.size
     del first, second
@@ -88,3 +101,21 @@ def test_untouched_memory_is_not_populated() -> None:
 def test_off_linux_nothing_happens(monkeypatch) -> None:
     monkeypatch.setattr(huge_pages.sys, "platform", "darwin")
     assert huge_pages.collapse() == Collapsed(0, "darwin has no transparent huge pages")
+
+
+def test_a_kernel_that_refuses_every_chunk_is_named(monkeypatch) -> None:
+    """EINVAL on every chunk: a kernel without MADV_COLLAPSE, or THP disabled for the process;
+    and no chunk is left marked for khugepaged to collapse later (only MADV_COLLAPSE is sent)."""
+    calls = []
+
+    class _Libc:
+        def madvise(self, start, length, advice):
+            calls.append(advice)
+            huge_pages.ctypes.set_errno(huge_pages.errno.EINVAL)
+            return -1
+
+    monkeypatch.setattr(huge_pages, "_libc", _Libc)
+    monkeypatch.setattr(huge_pages, "resident_chunks", lambda _min: [0, CHUNK])
+    result = huge_pages.collapse()
+    assert result.moved == 0 and "before Linux 6.1" in result.skipped
+    assert calls == [25, 25]

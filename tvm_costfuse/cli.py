@@ -146,11 +146,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .export import short_target
 
     print(f"host {short_target(host_target())}, {len(os.sched_getaffinity(0))} CPUs, "
-          f"repeat {args.repeat}")
+          f"repeat {args.repeat}" + (", --huge-pages" if args.huge_pages else ""))
+    pages = [f"{r['model']} @{t}: {said}" for r in rows for t, said in r.get("pages", {}).items()]
+    text = "\n".join([text, *pages])
     print(text)
-    for r in rows:
-        if "pages" in r:
-            print(f"{r['model']}: {r['pages']}")
     if args.out:
         Path(args.out).write_text(text + "\n")
     if args.plot:

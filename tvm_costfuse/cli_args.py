@@ -159,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--small", action="store_true", help=_SMALL)
     bench.add_argument("--huge-pages", action="store_true",
                        help="before timing, move the process's resident buffers (every "
-                            "column's weights alike) to 2 MiB pages (Linux 6.1+; "
-                            "tvm_costfuse.huge_pages): decode steps stream their weights "
+                            "column's weights and pooled buffers alike) to 2 MiB pages (Linux "
+                            "6.1+; tvm_costfuse.huge_pages): decode steps stream their weights "
                             "faster")
     bench.add_argument("--out", default=None, type=output_file,
                        help="also write the markdown table here")

@@ -6,15 +6,18 @@ cores stream memory. In 4 KiB pages that stream is short of what the memory deli
 than the second-level TLB holds) and the hardware prefetchers stop at the page's end. TVM's CPU
 allocator (``posix_memalign``) gets 4 KiB pages wherever the host's THP mode is ``madvise``,
 the common default. The same GEMV schedule over the same weights, interleaved in one process
-(znver4, 2026-12-07): 1.4-1.7x faster at 1 thread, 1.2-1.3x at 2, in 2 MiB pages.
+(``lab/gemv_pages.py``, docs/log/2026-12-07b.md): 1.4-1.7x faster at 1 thread, 1.2-1.3x at 2,
+in 2 MiB pages.
 
 Nothing in TVM or the Relax VM says where a module's constants live, so :func:`collapse` works
 on the process: every private read-write anonymous mapping, in 2 MiB-aligned chunks whose pages
-are all resident already (so nothing reserved but untouched is allocated), is marked
-``MADV_HUGEPAGE`` and collapsed now with ``MADV_COLLAPSE`` (Linux 6.1). Whatever else the
-process holds (PyTorch's and ONNX Runtime's weights in a benchmark) gets the same pages, which
-keeps comparisons even. Where the kernel or the host's THP mode refuses, nothing changes and
-:class:`Collapsed` says why.
+are all resident already (so nothing reserved but untouched is allocated), is collapsed now
+with ``MADV_COLLAPSE`` (Linux 6.1). Whatever else the process holds and has touched by then
+(PyTorch's and ONNX Runtime's weights and pooled buffers in a benchmark) gets the same pages;
+what a runtime allocates afresh on each call later, and file-backed memory (weights mapped
+from a file), keep theirs. Where the kernel or the host's THP mode refuses, nothing changes and
+:class:`Collapsed` says why. (Mappings that glibc names ``[anon:...]`` are not read as
+anonymous here.)
 """
 
 from __future__ import annotations
@@ -27,33 +30,54 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CHUNK = 2 << 20
+_THP = "/sys/kernel/mm/transparent_hugepage"
+_THP_MODE = f"{_THP}/enabled"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_MADV_HUGEPAGE = 14
 _MADV_COLLAPSE = 25
-_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def _pmd_bytes() -> int:
+    """The huge page's size: 2 MiB on x86-64 and on arm64 with 4 KiB base pages."""
+    try:
+        with open(f"{_THP}/hpage_pmd_size") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+CHUNK = _pmd_bytes()
 
 
 @dataclass(frozen=True)
 class Collapsed:
-    """What :func:`collapse` did: bytes now in huge pages that were not before, and, where it
-    could not act, the reason."""
+    """What :func:`collapse` did: bytes now in huge pages that were not before, how many
+    chunks the kernel refused (and why), or, where it could not act at all, the reason."""
 
-    bytes: int
+    moved: int
     skipped: str | None = None
+    refused: int = 0
+    why_refused: str = ""
 
     def describe(self) -> str:
         if self.skipped:
             return f"huge pages: not used ({self.skipped})"
-        return f"huge pages: {self.bytes >> 20} MiB of resident buffers moved to 2 MiB pages"
+        text = (f"huge pages: {self.moved >> 20} MiB of resident buffers moved to "
+                f"{CHUNK >> 20} MiB pages")
+        if self.refused:
+            text += f"; {self.refused} chunk(s) refused ({self.why_refused})"
+        return text
 
 
-def _anon_huge_kib() -> int:
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1])
-    return 0
+def _anon_huge_kib() -> int | None:
+    """AnonHugePages of this process, None where the kernel does not say."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def _thp_mode() -> str | None:
@@ -110,26 +134,34 @@ def resident_chunks(min_bytes: int = CHUNK) -> list[int]:
 
 def collapse(min_bytes: int = CHUNK, keep: frozenset[int] = frozenset()) -> Collapsed:
     """Move this process's resident anonymous memory, in mappings of at least ``min_bytes``,
-    to 2 MiB pages now, except the chunks starting at ``keep`` (an A/B's other side, from
+    to huge pages now, except the chunks starting at ``keep`` (an A/B's other side, from
     :func:`resident_chunks`). Call it after the model is loaded (its constants allocated) and
-    before timing or serving; later allocations are not affected."""
+    run once, before timing or serving; later allocations are not affected.
+
+    Only ``MADV_COLLAPSE`` is issued, never ``MADV_HUGEPAGE``: a mark left on a chunk the
+    kernel refused would let ``khugepaged`` collapse it later, in the middle of a timing run.
+    Mappings read from ``/proc/self/maps`` may change before ``madvise`` reaches them (another
+    thread frees or maps memory): a chunk gone is refused, one mapped anew in its place is
+    collapsed as any other resident chunk would be."""
     if not sys.platform.startswith("linux"):
         return Collapsed(0, f"{sys.platform} has no transparent huge pages")
     mode = _thp_mode()
     if mode not in ("always", "madvise"):
         return Collapsed(0, f"the host's THP mode is {mode or 'unknown'} ({_THP_MODE})")
-    libc = _libc()
     before = _anon_huge_kib()
-    refused = set()  # errno of each chunk refused: one chunk may be refused for its own reason
+    if before is None:
+        return Collapsed(0, "/proc/self/smaps_rollup is not readable here")
+    libc = _libc()
+    refused: dict[int, int] = {}  # errno -> chunks: each chunk may be refused for its own reason
     for start in resident_chunks(min_bytes):
-        if start in keep:
-            continue
-        if (libc.madvise(start, CHUNK, _MADV_HUGEPAGE) != 0
-                or libc.madvise(start, CHUNK, _MADV_COLLAPSE) != 0):
-            refused.add(ctypes.get_errno())
-    gained = max(0, _anon_huge_kib() - before) << 10
-    if gained == 0 and refused == {errno.EINVAL}:
-        return Collapsed(0, "madvise refused MADV_COLLAPSE (it needs Linux 6.1+)")
-    if gained == 0 and refused:
-        return Collapsed(0, "madvise refused: " + ", ".join(sorted(map(os.strerror, refused))))
-    return Collapsed(gained)
+        if start not in keep and libc.madvise(start, CHUNK, _MADV_COLLAPSE) != 0:
+            err = ctypes.get_errno()
+            refused[err] = refused.get(err, 0) + 1
+    moved = max(0, (_anon_huge_kib() or 0) - before) << 10
+    why = ", ".join(f"{os.strerror(e)}: {n}" for e, n in sorted(refused.items()))
+    if moved == 0 and set(refused) == {errno.EINVAL}:
+        return Collapsed(0, f"madvise refused MADV_COLLAPSE: a kernel before Linux 6.1 "
+                            f"({os.uname().release} here), or THP disabled for this process")
+    if moved == 0 and refused:
+        return Collapsed(0, f"madvise refused every chunk ({why})")
+    return Collapsed(moved, refused=sum(refused.values()), why_refused=why)

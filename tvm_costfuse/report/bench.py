@@ -135,7 +135,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
     """One model's row: kernels per strategy, and per thread count ms and error per column;
     ``timed_at(t)`` is called as each thread count's columns are timed (a progress bar).
     ``huge_pages``: every column's resident memory moved to 2 MiB pages before it is timed
-    (``tvm_costfuse.huge_pages``; what moved is the row's ``pages``)."""
+    (``tvm_costfuse.huge_pages``; what moved, per thread count, is the row's ``pages``)."""
     row: dict = {"model": w.name, "family": w.family, "kernels": {}, "ms": {}, "failed": {},
                  "err": {}, "other_load": {}}
     ref = None
@@ -201,7 +201,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
                 samplers[f"ort@{t}"] = call_sampler(
                     lambda sess=sess, feed=feed: sess.run(None, feed), SAMPLE_MS)
         if huge_pages:  # after every column is built and has run once: all of them alike
-            row["pages"] = collapse().describe()
+            row.setdefault("pages", {})[str(t)] = collapse().describe()
         with OtherLoad() as load:
             timed = interleave(samplers, repeat, SETTLE_S,
                                lambda k: "tvm" if k.split("@")[0] in ours else k)
