@@ -231,8 +231,8 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     with OtherLoad() as load:
         first = interleave(samplers, repeat)
     base = float(np.median(first["costfuse"] + [x for i in flips for x in first[f"base{i}"]]))
-    for i in flips:
-        ratio = paired_ratio(first[f"flip{i}"], first[f"base{i}"])[0]
+    round1 = {i: paired_ratio(first[f"flip{i}"], first[f"base{i}"])[0] for i in flips}
+    for i, ratio in round1.items():
         regions[i] = replace(regions[i], flipped_ms=ratio * base * 1e3)
     flipped_s = {i: regions[i].flipped_ms / 1e3 for i in flips}
     kept, left_out = combine_faster(
@@ -278,7 +278,6 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     if replicate:
         n = sum(r.clear for r in regions)
         say(f"replicating {n} clear region(s) on fresh builds")
-        round1 = {i: regions[i].flipped_ms / (base * 1e3) for i in timed}
         regions, load_r = replicate_clear(
             regions, round1, lambda i: build(flip_units[i]), lambda: build(p.ours), inputs, ref,
             threads, repeat, band)
