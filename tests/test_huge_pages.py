@@ -10,7 +10,8 @@ import numpy as np
 from tvm_costfuse import huge_pages
 from tvm_costfuse.huge_pages import CHUNK, Collapsed
 
-_KNOWN = ("no transparent huge pages", "THP mode", "MADV_COLLAPSE", "madvise refused")
+_KNOWN = ("no transparent huge pages", "THP mode", "MADV_COLLAPSE", "madvise refused",
+          "smaps_rollup")
 
 
 def _fresh(nbytes: int) -> tuple[mmap.mmap, np.ndarray]:
