@@ -120,3 +120,10 @@ def test_a_kernel_that_refuses_every_chunk_is_named(monkeypatch) -> None:
     result = huge_pages.collapse()
     assert result.moved == 0 and "before Linux 6.1" in result.skipped
     assert calls == [25, 25]
+
+
+def test_the_readmes_call_works_from_the_package() -> None:
+    import tvm_costfuse
+
+    assert tvm_costfuse.huge_pages.collapse is huge_pages.collapse
+    assert "huge_pages" in tvm_costfuse.__all__

@@ -50,7 +50,7 @@ import os
 # starts, so it is set before any kernel runs; a user's TVM_NUM_THREADS wins.
 os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-from . import models
+from . import huge_pages, models
 from .config import FusionConfig, register_config_keys
 from .graph import OpGraph, build_graph
 from .measurement import calibrate as _calibrate  # noqa: F401  (registers first-use calibration)
@@ -80,6 +80,7 @@ __all__ = [
     "build_pipeline",
     "fuseops_groups",
     "host_target",
+    "huge_pages",
     "load_exported",
     "load_onnx",
     "load_torch",
