@@ -116,7 +116,7 @@ def test_a_kernel_that_refuses_every_chunk_is_named(monkeypatch) -> None:
             return -1
 
     monkeypatch.setattr(huge_pages, "_libc", _Libc)
-    monkeypatch.setattr(huge_pages, "resident_chunks", lambda _min: [0, CHUNK])
+    monkeypatch.setattr(huge_pages, "resident_chunks", lambda: [0, CHUNK])
     result = huge_pages.collapse()
     assert result.moved == 0 and "before Linux 6.1" in result.skipped
     assert calls == [25, 25]

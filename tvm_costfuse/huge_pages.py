@@ -89,9 +89,9 @@ def _thp_mode() -> str | None:
     return text[text.find("[") + 1:text.find("]")] if "[" in text else None
 
 
-def anonymous_chunks() -> list[tuple[int, int]]:
+def _anonymous_spans() -> list[tuple[int, int]]:
     """``(start, end)`` of each 2 MiB-aligned stretch inside a private read-write anonymous
-    mapping of this process (``/proc/self/maps``), largest mappings first."""
+    mapping of this process (``/proc/self/maps``)."""
     spans = []
     with open("/proc/self/maps") as f:
         for line in f:
@@ -104,7 +104,7 @@ def anonymous_chunks() -> list[tuple[int, int]]:
             lo, hi = -(-lo // CHUNK) * CHUNK, hi // CHUNK * CHUNK
             if hi > lo:
                 spans.append((lo, hi))
-    return sorted(spans, key=lambda s: s[0] - s[1])
+    return spans
 
 
 def _resident(libc, lo: int, hi: int) -> np.ndarray:
@@ -124,19 +124,19 @@ def _libc():
     return libc
 
 
-def resident_chunks(min_bytes: int = CHUNK) -> list[int]:
-    """Start addresses of the fully resident 2 MiB chunks of this process's anonymous mappings
-    of at least ``min_bytes``."""
+def resident_chunks() -> list[int]:
+    """Start addresses of the fully resident 2 MiB chunks of this process's anonymous
+    mappings."""
     libc = _libc()
-    return [lo + int(i) * CHUNK for lo, hi in anonymous_chunks() if hi - lo >= min_bytes
+    return [lo + int(i) * CHUNK for lo, hi in _anonymous_spans()
             for i in np.flatnonzero(_resident(libc, lo, hi))]
 
 
-def collapse(min_bytes: int = CHUNK, keep: frozenset[int] = frozenset()) -> Collapsed:
-    """Move this process's resident anonymous memory, in mappings of at least ``min_bytes``,
-    to huge pages now, except the chunks starting at ``keep`` (an A/B's other side, from
-    :func:`resident_chunks`). Call it after the model is loaded (its constants allocated) and
-    run once, before timing or serving; later allocations are not affected.
+def collapse(keep: frozenset[int] = frozenset()) -> Collapsed:
+    """Move this process's resident anonymous memory to huge pages now, except the chunks
+    starting at ``keep`` (an A/B's other side, from :func:`resident_chunks`). Call it after
+    the model is loaded (its constants allocated) and run once, before timing or serving;
+    later allocations are not affected.
 
     Only ``MADV_COLLAPSE`` is issued, never ``MADV_HUGEPAGE``: a mark left on a chunk the
     kernel refused would let ``khugepaged`` collapse it later, in the middle of a timing run.
@@ -153,7 +153,7 @@ def collapse(min_bytes: int = CHUNK, keep: frozenset[int] = frozenset()) -> Coll
         return Collapsed(0, "/proc/self/smaps_rollup is not readable here")
     libc = _libc()
     refused: dict[int, int] = {}  # errno -> chunks: each chunk may be refused for its own reason
-    for start in resident_chunks(min_bytes):
+    for start in resident_chunks():
         if start not in keep and libc.madvise(start, CHUNK, _MADV_COLLAPSE) != 0:
             err = ctypes.get_errno()
             refused[err] = refused.get(err, 0) + 1
