@@ -283,9 +283,7 @@ class Attention(SafeRule):
             sch.parallel(par)
 
         if qk_name is not None:
-            vectors = 1
-            while vectors < 4 and 2 * vectors * sub <= budget and 2 * vectors * lanes <= keys:
-                vectors *= 2
+            vectors = key_tile_vectors(keys, lanes, sub, budget)
             self._scores(sch, qk_name, top, sub, lanes * vectors, lanes, keys)
         for name in chain:
             blk = sch.get_sblock(name)
@@ -329,6 +327,18 @@ class Attention(SafeRule):
         init_loops = sch.get_loops(init)
         if (int_extent(sch, init_loops[-1]) or 0) > 1:
             sch.vectorize(init_loops[-1])
+
+
+def key_tile_vectors(keys: int, lanes: int, rows: int, budget: int) -> int:
+    """Vectors of keys per register tile of the scores (1, 2 or 4; ``rows`` x that many
+    accumulators within ``budget``). The keys past the last whole tile run scalar, so the
+    widest tile that leaves the fewest of them: 49 keys in tiles of 32 left 17 scalar (the
+    kernel ran 1.25x slower than in tiles of 16, which leave one; segformer's 3136 x 49
+    heads, znver4, docs/log/2026-12-07c.md)."""
+    widths = [1]
+    while widths[-1] < 4 and 2 * widths[-1] * rows <= budget and 2 * widths[-1] * lanes <= keys:
+        widths.append(2 * widths[-1])
+    return min(widths, key=lambda v: (keys % (v * lanes), -v))
 
 
 def _interleaved_rows(sch, block, top) -> None:

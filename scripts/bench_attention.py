@@ -1,7 +1,7 @@
 """The fused attention kernel against the split kernels and PyTorch, at equal threads.
 
-For each case ``B,H,S,D,FORM`` (FORM: plain, masked (BERT's additive padding mask), causal
-(GPT-2's where)) the program of ``tvm_costfuse.testing.attention_program`` is built
+For each case ``B,H,S,D,FORM[,ROWS]`` (FORM: plain, masked (BERT's additive padding mask), causal
+(GPT-2's where); ROWS: query rows, when fewer or more than the S keys) the program of ``tvm_costfuse.testing.attention_program`` is built
 
 - fused: one group (``schedules/attention.py``),
 - split: ``[K^T] [Q K^T, scale, mask] [softmax] [P V]``, how the planner grouped it before,
@@ -66,7 +66,7 @@ def _torch(inputs, form: str, d: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cases", nargs="+", help="B,H,S,D,FORM")
+    parser.add_argument("cases", nargs="+", help="B,H,S,D,FORM[,ROWS]")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
@@ -76,9 +76,9 @@ def main() -> None:
     tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
     target = host_target(args.threads)
     for case in args.cases:
-        *dims, form = case.split(",")
-        b, h, s, d = map(int, dims)
-        mod, inputs = attention_program(b, h, s, d, form)
+        b, h, s, d, form, *rows = case.split(",")
+        b, h, s, d = map(int, (b, h, s, d))
+        mod, inputs = attention_program(b, h, s, d, form, rows=int(rows[0]) if rows else None)
         fused, split = _builds(mod, target)
         np.testing.assert_allclose(run(fused, inputs)[0], run(split, inputs)[0],
                                    rtol=1e-4, atol=1e-5)

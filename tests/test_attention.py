@@ -15,7 +15,12 @@ import tvm_ffi
 from conftest import compacted, fused_kernel, kernels
 from tvm import relax, s_tir, tirx
 from tvm_costfuse.schedules import Attention, schedule_pass
-from tvm_costfuse.schedules.attention import _ROW_BUFFERS, MAX_KEYS, ROW_BLOCK_BYTES
+from tvm_costfuse.schedules.attention import (
+    _ROW_BUFFERS,
+    MAX_KEYS,
+    ROW_BLOCK_BYTES,
+    key_tile_vectors,
+)
 from tvm_costfuse.schedules.classes import ScheduleClass
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy
@@ -66,6 +71,7 @@ def _loops(func) -> list[tirx.For]:
     ((1, 1, 3, 8), "causal"),  # rows and head dim below one register tile
     ((1, 2, 128, 64), "transposed_bias"),  # DeBERTa: a bias read [key, row] by the softmax
     ((1, 2, 37, 16), "transposed_bias"),  # the same, ragged rows and keys
+    ((1, 1, 49, 32), "masked"),  # Swin's 7 x 7 windows: one key past whole vectors
 ])
 def test_fused_kernel_matches_the_unfused_program(shape, form) -> None:
     mod, inputs = _program(*shape, form)
@@ -116,6 +122,8 @@ def test_one_parallel_row_block_loop_with_local_buffers_and_vectors(target, form
     ((1, 2, 2048, 64), "plain", 128),  # 128 queries against 2048 keys, 2 heads
     ((1, 1, 2048, 32), "masked", 100),  # a ragged last row block
     ((1, 1, 2048, 64), "causal", None),  # every query row of a 2048-token causal head
+    ((1, 2, 49, 32), "plain", 200),  # SegFormer: many queries against a short ragged key row
+    ((1, 1, 33, 16), "masked", 70),
 ])
 def test_long_key_rows_match_the_unfused_program(shape, form, rows) -> None:
     """Key rows longer than L1 holds (the rule declined them once): the row block's buffers
@@ -131,6 +139,18 @@ def test_long_key_rows_match_the_unfused_program(shape, form, rows) -> None:
     got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("keys", "lanes", "vectors"), [
+    (49, 16, 1),  # tiles of 32 keys leave 17 scalar, of 16 one
+    (48, 16, 1),  # whole vectors: none left over
+    (128, 16, 2),  # the widest tile the register budget allows
+    (197, 16, 2),  # every width leaves 5: the widest
+    (49, 8, 2),
+    (7, 16, 1),  # shorter than a vector
+])
+def test_the_scores_tile_leaves_the_fewest_keys_scalar(keys, lanes, vectors) -> None:
+    assert key_tile_vectors(keys, lanes, rows=8, budget=24) == vectors
 
 
 @pytest.mark.parametrize(("target", "tile_rows"), [(AVX2, 2), (AVX512, 4)],
