@@ -26,13 +26,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from fusion_bound import _kernel_seconds
 
 from tvm_costfuse import huge_pages
-from tvm_costfuse.measurement.calibrate import stream_timer
+from tvm_costfuse.measurement.calibrate import DRAM_STREAM_BYTES, stream_timer
 from tvm_costfuse.models import corpus
 from tvm_costfuse.pipelines import fuse
 from tvm_costfuse.strategies import fusion_pass, strategy_pipeline
 from tvm_costfuse.targets import host_target, isa, resolve
-
-_STREAM_BYTES = 256 << 20  # as the full calibration's DRAM stream
 
 
 def _nbytes(ty) -> int:
@@ -102,7 +100,7 @@ def main() -> None:
               f"{rate / 1e9:.1f} GB/s, {rate / desc.dram_bw:.2f} of the calibrated DRAM bandwidth")
         # The host's bandwidth moves within the hour: the calibration's stream again, now, in
         # the same kind of pages as the model's weights.
-        moved, timer = stream_timer(_STREAM_BYTES, isa.vector_bits(target) // 32, args.threads,
+        moved, timer = stream_timer(DRAM_STREAM_BYTES, isa.vector_bits(target) // 32, args.threads,
                                     target)
         if args.huge_pages:
             timer(1, 1)  # both buffers written, so that both are resident and move

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gemv_streams import PANEL, _cycled, gemv
 
 from tvm_costfuse import huge_pages
-from tvm_costfuse.measurement.calibrate import stream_timer
+from tvm_costfuse.measurement.calibrate import DRAM_STREAM_BYTES, stream_timer
 from tvm_costfuse.measurement.peers import thread_pool
 from tvm_costfuse.measurement.timing import interleave
 from tvm_costfuse.targets import host_target, isa, resolve
@@ -49,11 +49,11 @@ def main() -> None:
     timer = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=1)
     lanes = isa.vector_bits(target) // 32
     small = [tvm.runtime.tensor(w) for _ in range(copies)]
-    moved, stream_small = stream_timer(256 << 20, lanes, args.threads, target)
+    moved, stream_small = stream_timer(DRAM_STREAM_BYTES, lanes, args.threads, target)
     stream_small(1, 20)
     keep = frozenset(huge_pages.resident_chunks())  # the 4 KiB side stays as it is
     huge = [tvm.runtime.tensor(w) for _ in range(copies)]
-    _, stream_huge = stream_timer(256 << 20, lanes, args.threads, target)
+    _, stream_huge = stream_timer(DRAM_STREAM_BYTES, lanes, args.threads, target)
     stream_huge(1, 20)
     print(huge_pages.collapse(keep=keep).describe())
     out = [o.numpy() for o in vm["main"](x, *huge)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import mmap
 
 import numpy as np
+import pytest
 
 from tvm_costfuse import huge_pages
 from tvm_costfuse.huge_pages import CHUNK, Collapsed
@@ -97,6 +98,20 @@ def test_untouched_memory_is_not_populated() -> None:
     huge_pages.collapse()
     assert _rss_kib() - before < (16 * CHUNK) >> 10
     reserved.close()
+
+
+@pytest.mark.parametrize(("line", "anonymous"), [
+    ("7f00aa000000-7f00ac000000 rw-p 00000000 00:00 0 ", True),
+    ("55d0c1a00000-55d0c1c00000 rw-p 00000000 00:00 0                          [heap]", True),
+    ("7f00aa000000-7f00ac000000 rw-p 00000000 00:00 0    [anon: glibc: malloc arena]", True),
+    ("7f00aa000000-7f00ac000000 rw-p 00000000 00:00 0    [anon:tvm]", True),
+    ("7ffd1a000000-7ffd1a021000 rw-p 00000000 00:00 0                          [stack]", False),
+    ("7f00aa000000-7f00ac000000 r--p 00000000 00:00 0 ", False),  # read-only
+    ("7f00aa000000-7f00ac000000 rw-s 00000000 00:01 4 /dev/zero (deleted)", False),  # shared
+    ("7f00aa000000-7f00ac000000 rw-p 00001000 08:01 1234 /usr/lib/libtvm.so", False),  # a file
+])
+def test_which_mappings_are_private_anonymous(line, anonymous) -> None:
+    assert huge_pages._private_anonymous(line) is anonymous
 
 
 def test_off_linux_nothing_happens(monkeypatch) -> None:

@@ -16,8 +16,7 @@ with ``MADV_COLLAPSE`` (Linux 6.1). Whatever else the process holds and has touc
 (PyTorch's and ONNX Runtime's weights and pooled buffers in a benchmark) gets the same pages;
 what a runtime allocates afresh on each call later, and file-backed memory (weights mapped
 from a file), keep theirs. Where the kernel or the host's THP mode refuses, nothing changes and
-:class:`Collapsed` says why. (Mappings that glibc names ``[anon:...]`` are not read as
-anonymous here.)
+:class:`Collapsed` says why.
 """
 
 from __future__ import annotations
@@ -95,16 +94,24 @@ def _anonymous_spans() -> list[tuple[int, int]]:
     spans = []
     with open("/proc/self/maps") as f:
         for line in f:
-            fields = line.split()
-            perms, inode = fields[1], fields[4]
-            path = fields[5] if len(fields) > 5 else ""
-            if perms != "rw-p" or inode != "0" or path not in ("", "[heap]"):
+            if not _private_anonymous(line):
                 continue
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
             lo, hi = -(-lo // CHUNK) * CHUNK, hi // CHUNK * CHUNK
             if hi > lo:
                 spans.append((lo, hi))
     return spans
+
+
+def _private_anonymous(maps_line: str) -> bool:
+    """Whether a ``/proc/<pid>/maps`` line is a private read-write anonymous mapping: no file
+    (inode 0), unnamed, the heap, or named by its owner with ``PR_SET_VMA_ANON_NAME`` (glibc's
+    ``[anon: glibc: malloc arena]`` and the like; the stack and vdso are left out)."""
+    fields = maps_line.split()
+    if len(fields) < 5 or fields[1] != "rw-p" or fields[4] != "0":
+        return False
+    path = fields[5] if len(fields) > 5 else ""
+    return path in ("", "[heap]") or path.startswith("[anon:")
 
 
 def _resident(libc, lo: int, hi: int) -> np.ndarray:

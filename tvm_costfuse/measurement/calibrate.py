@@ -42,9 +42,10 @@ from .quiet import OtherLoad
 
 DEFAULT_PATH = targets.CALIBRATION_PATH
 
-# Bytes of each stream buffer: 256 MB (8x a 32 MB LLC) for the full run; quick mode uses 64 MB,
-# still 2x such an LLC counting input and output, to stay under ~10 s on 2 busy cores.
-_DRAM_BYTES = {False: 256 << 20, True: 64 << 20}
+#: Bytes of each stream buffer of the full run: 256 MB (8x a 32 MB LLC). Quick mode uses 64 MB,
+#: still 2x such an LLC counting input and output, to stay under ~10 s on 2 busy cores.
+DRAM_STREAM_BYTES = 256 << 20
+_DRAM_BYTES = {False: DRAM_STREAM_BYTES, True: 64 << 20}
 _STREAM_BYTES_PER_CALL = 64 << 20  # cache-sized streams sweep until ~this much moved
 _LAUNCH_KERNELS = 64  # N tiny kernels: t_N - t_1 must dwarf the timer noise (~1 us).
 _FMA_ACCUMULATORS = 12  # independent chains: > FMA latency (4) x pipes (2), < vector registers.
