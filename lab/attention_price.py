@@ -21,13 +21,14 @@ from tvm_costfuse.testing import attention_program
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cases", nargs="+", help="B,H,S,D,FORM")
+    parser.add_argument("cases", nargs="+", help="B,H,S,D,FORM[,ROWS]")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     target = host(args.threads)
     for case in args.cases:
-        *dims, form = case.split(",")
-        graph = build_graph(attention_program(*map(int, dims), form)[0])
+        b, h, s, d, form, *rows = case.split(",")
+        graph = build_graph(attention_program(*map(int, (b, h, s, d)), form,
+                                              rows=int(rows[0]) if rows else None)[0])
         calls = [n.name for n in graph.nodes if n.kind == "call_tir"]
         softmax = next(i for i, n in enumerate(calls)
                        if graph[n].prim_func.startswith("softmax"))
