@@ -14,6 +14,9 @@ where a contraction's multiply-adds are its output elements times its reduction 
 same thread count, timed interleaved with the models so that the host's drift hits both.
 Everything else (pools, normalizations, elementwise work, launches) is taken as free, so the
 roof is generous: only a different algorithm (Winograd, FFT: fewer multiply-adds) can pass it.
+``spread`` is the slowest sample of either build over its fastest: at 2 threads this host
+sometimes runs a build 2x slower for a while (docs/log/2026-12-07c.md), which the interleaved
+rounds only cancel where it hits both builds alike.
 
     python3 lab/compute_floor.py --models resnet50 mobilenet_v2 --threads 1 --repeat 5
 """
@@ -66,7 +69,7 @@ def main() -> None:
     lanes = isa.vector_bits(target) // 32
     print(f"target {target}, load average {os.getloadavg()[0]:.2f}")
     print(f"{'model':<20}{'GFLOP':>7}{'small':>7}{'peak GF/s':>10}{'floor ms':>9}"
-          f"{'tvm ms':>9}{'costfuse ms':>12}{'tvm/cf':>8}{'roof':>7}{'cf share':>9}")
+          f"{'tvm ms':>9}{'costfuse ms':>12}{'tvm/cf':>8}{'roof':>7}{'cf share':>9}{'spread':>8}")
     roofs, achieved, shares = [], [], []
     for name in args.models:
         mod, inputs = models.load(name)
@@ -78,6 +81,7 @@ def main() -> None:
             lambda: 1.0 / fp32_flops(lanes, args.threads, target, 1 << 14, 1, 50), args.threads)]
         samples = interleave(samplers, args.repeat)
         t = {k: float(np.median(v)) for k, v in samples.items()}
+        spread = max(max(samples[s]) / min(samples[s]) for s in STRATEGIES)
         peak = 1.0 / t["peak"]
         floor = flops / peak
         roof = t["tvm"] / floor
@@ -89,7 +93,7 @@ def main() -> None:
         shares.append(share)
         print(f"{name:<20}{flops / 1e9:>7.3f}{small / 1e9:>7.3f}{peak / 1e9:>10.1f}"
               f"{floor * 1e3:>9.3f}{t['tvm'] * 1e3:>9.3f}{t['costfuse'] * 1e3:>12.3f}"
-              f"{ratio:>8.3f}{roof:>7.2f}{share:>9.2f}", flush=True)
+              f"{ratio:>8.3f}{roof:>7.2f}{share:>9.2f}{spread:>8.2f}", flush=True)
     print(f"geomean over {len(roofs)}: tvm/costfuse {geomean(achieved):.3f}x, "
           f"roof {geomean(roofs):.2f}x")
 
