@@ -43,8 +43,9 @@ STRATEGIES = ("tvm", "costfuse")
 
 
 def contraction_flops(mod: tvm.IRModule, target) -> tuple[float, float]:
-    """(2 x multiply-adds of the contractions, of those the depthwise/grouped share with a
-    reduction extent of at most 49) over the legalized, unfused graph."""
+    """(2 x multiply-adds of the contractions, the part of them with a reduction extent of at
+    most 49: depthwise convolutions, stems, 1x1 convolutions of few input channels, matmuls
+    over short rows) over the legalized, unfused graph."""
     total = small = 0.0
     for node in build_graph(prepare(mod, target)).nodes:
         if op_class(node) != "contraction":

@@ -4,7 +4,7 @@ of one cache line between CPU 0 and CPU 1, taken before each 2-thread sample of 
 On a 2-vCPU cloud host the hypervisor may place the two vCPUs on cores that share a last-level
 cache or on cores that do not (another CCD of an EPYC), and move them while a run goes on. A
 TVM kernel split over both threads then hands each kernel's output to the other core through
-the fabric instead of a shared cache, and models of many small parallel kernels run up to 2x
+the fabric instead of a shared cache, and models of many small parallel kernels run 1.7-2.5x
 slower than a moment before (docs/log/2026-12-07c.md). Python cannot time a cache-line round
 trip, so a 20-line C program does (built with the host's ``cc``; none is needed elsewhere)::
 

@@ -331,13 +331,17 @@ class Attention(SafeRule):
 
 def key_tile_vectors(keys: int, lanes: int, rows: int, budget: int) -> int:
     """Vectors of keys per register tile of the scores (1, 2 or 4; ``rows`` x that many
-    accumulators within ``budget``). The keys past the last whole tile run scalar, so the
-    widest tile that leaves the fewest of them: 49 keys in tiles of 32 left 17 scalar (the
-    kernel ran 1.25x slower than in tiles of 16, which leave one; segformer's 3136 x 49
-    heads, znver4, docs/log/2026-12-07c.md)."""
+    accumulators within ``budget``): the widest, unless the key row ends in a partial vector.
+    Then the ragged last tile runs scalar as a whole, so the widest tile that leaves the
+    fewest keys past the last whole tile: 49 keys in tiles of 32 left 17 (the kernel ran
+    1.24x slower than in tiles of 16, which leave one; segformer's 3136 x 49 heads). A row of
+    whole vectors keeps the widest tile: 48 keys ran alike in tiles of 32 and 16 (znver4,
+    docs/log/2026-12-07c.md)."""
     widths = [1]
     while widths[-1] < 4 and 2 * widths[-1] * rows <= budget and 2 * widths[-1] * lanes <= keys:
         widths.append(2 * widths[-1])
+    if keys % lanes == 0:
+        return widths[-1]
     return min(widths, key=lambda v: (keys % (v * lanes), -v))
 
 

@@ -1,7 +1,7 @@
 """The fused attention kernel against the split kernels and PyTorch, at equal threads.
 
-For each case ``B,H,S,D,FORM[,ROWS]`` (FORM: plain, masked (BERT's additive padding mask), causal
-(GPT-2's where); ROWS: query rows, when fewer or more than the S keys) the program of ``tvm_costfuse.testing.attention_program`` is built
+For each case ``B,H,S,D,FORM[,ROWS]`` (FORM: plain, masked (BERT's additive padding mask),
+causal (GPT-2's where); ROWS: query rows, when other than the S keys) the program of ``tvm_costfuse.testing.attention_program`` is built
 
 - fused: one group (``schedules/attention.py``),
 - split: ``[K^T] [Q K^T, scale, mask] [softmax] [P V]``, how the planner grouped it before,
@@ -49,8 +49,8 @@ def _torch(inputs, form: str, d: int):
     if form == "masked":
         mask = torch.from_numpy(inputs["mask"])
     elif form == "causal":
-        s = q.shape[-2]
-        mask = torch.where(torch.tril(torch.ones(s, s, dtype=torch.bool)), 0.0, -1e4)
+        rows, keys = q.shape[-2], k.shape[-2]  # as ``attention_program`` builds it
+        mask = torch.where(torch.tril(torch.ones(rows, keys, dtype=torch.bool)), 0.0, -1e4)
 
     def sdpa():
         with torch.no_grad():

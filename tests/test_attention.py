@@ -127,7 +127,8 @@ def test_one_parallel_row_block_loop_with_local_buffers_and_vectors(target, form
 ])
 def test_long_key_rows_match_the_unfused_program(shape, form, rows) -> None:
     """Key rows longer than L1 holds (the rule declined them once): the row block's buffers
-    sit in L2, the softmax still exact."""
+    sit in L2, the softmax still exact; and many queries against a short ragged key row
+    (the scores tile narrowed to leave one key scalar)."""
     mod, inputs = _program(*shape, form, rows=rows)
     group = kernels(mod)
     assert group_features(build_graph(mod), group).schedule_on("cpu") == ScheduleClass.ATTENTION
@@ -141,16 +142,18 @@ def test_long_key_rows_match_the_unfused_program(shape, form, rows) -> None:
     np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize(("keys", "lanes", "vectors"), [
-    (49, 16, 1),  # tiles of 32 keys leave 17 scalar, of 16 one
-    (48, 16, 1),  # whole vectors: none left over
-    (128, 16, 2),  # the widest tile the register budget allows
-    (197, 16, 2),  # every width leaves 5: the widest
-    (49, 8, 2),
-    (7, 16, 1),  # shorter than a vector
+@pytest.mark.parametrize(("keys", "lanes", "rows", "vectors"), [
+    (49, 16, 8, 1),  # tiles of 32 keys leave 17 scalar, of 16 one
+    (48, 16, 8, 2),  # whole vectors: the widest tile the register budget allows
+    (128, 16, 8, 2),
+    (128, 16, 4, 4),  # fewer rows per tile: room for 4 vectors
+    (197, 16, 4, 4),  # every width leaves 5: the widest
+    (100, 16, 4, 2),  # tiles of 64 leave 36, of 32 four
+    (49, 8, 4, 2),  # tiles of 32 leave 17, of 16 and 8 one: the wider
+    (7, 16, 8, 1),  # shorter than a vector
 ])
-def test_the_scores_tile_leaves_the_fewest_keys_scalar(keys, lanes, vectors) -> None:
-    assert key_tile_vectors(keys, lanes, rows=8, budget=24) == vectors
+def test_the_scores_tile_leaves_the_fewest_keys_scalar(keys, lanes, rows, vectors) -> None:
+    assert key_tile_vectors(keys, lanes, rows=rows, budget=24) == vectors
 
 
 @pytest.mark.parametrize(("target", "tile_rows"), [(AVX2, 2), (AVX512, 4)],

@@ -105,3 +105,29 @@ def test_the_machine_idles_before_a_sample_that_follows_another_runtime(monkeypa
     order.clear()
     timing.interleave(samplers, 1)  # no runtime named: back to back, as our own A/B runs
     assert order == ["none", "costfuse", "eager", "ort"]
+
+
+def test_samples_taken_with_the_cpus_apart_are_named() -> None:
+    """A thread-pool launch far over the run's fastest (the vCPUs on cores without a shared
+    cache, ``measurement/placement.py``): the row says how many of its samples were so."""
+    from tvm_costfuse.report.bench import table
+
+    def row(name, probes):
+        return {"model": name, "family": "f", "kernels": {"tvm": 3, "costfuse": 2},
+                "ms": {"tvm@2": 2.0, "costfuse@2": 1.0}, "err": {"tvm@2": 0.0, "costfuse@2": 0.0},
+                "failed": {}, "other_load": {"2": 0.0}, "probe_s": {"2": probes}}
+
+    text = table([row("near", [0.9e-6, 1.1e-6]), row("far", [1.0e-6, 1.8e-6, 1.75e-6])], [2],
+                 ("tvm", "costfuse"), ())
+    assert "apart 2/3 @2" in _row(text, "far")["other load"]
+    assert "apart" not in _row(text, "near")["other load"]
+    note = next(ln for ln in text.splitlines() if ln.startswith("- apart (samples of ours"))
+    assert note.endswith(": far")
+
+
+def test_the_launch_probe_times_a_parallel_launch() -> None:
+    from tvm_costfuse.measurement.placement import APART_RATIO, LaunchProbe, apart
+
+    seconds = LaunchProbe(2)()
+    assert 0 < seconds < 1e-3
+    assert apart([seconds, APART_RATIO * 1.01 * seconds], seconds) == 1

@@ -103,9 +103,11 @@ def test_untouched_memory_is_not_populated() -> None:
 @pytest.mark.parametrize(("line", "anonymous"), [
     ("7f00aa000000-7f00ac000000 rw-p 00000000 00:00 0 ", True),
     ("55d0c1a00000-55d0c1c00000 rw-p 00000000 00:00 0                          [heap]", True),
-    ("7f00aa000000-7f00ac000000 rw-p 00000000 00:00 0    [anon: glibc: malloc arena]", True),
+    ("7f00aa000000-7f00ac000000 rw-p 00000000 00:00 0    [anon:glibc: malloc arena]", True),
     ("7f00aa000000-7f00ac000000 rw-p 00000000 00:00 0    [anon:tvm]", True),
     ("7ffd1a000000-7ffd1a021000 rw-p 00000000 00:00 0                          [stack]", False),
+    ("7ffd1a1f0000-7ffd1a1f4000 r--p 00000000 00:00 0                          [vvar]", False),
+    ("7ffd1a1f4000-7ffd1a1f6000 r-xp 00000000 00:00 0                          [vdso]", False),
     ("7f00aa000000-7f00ac000000 r--p 00000000 00:00 0 ", False),  # read-only
     ("7f00aa000000-7f00ac000000 rw-s 00000000 00:01 4 /dev/zero (deleted)", False),  # shared
     ("7f00aa000000-7f00ac000000 rw-p 00001000 08:01 1234 /usr/lib/libtvm.so", False),  # a file

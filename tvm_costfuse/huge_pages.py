@@ -105,8 +105,9 @@ def _anonymous_spans() -> list[tuple[int, int]]:
 
 def _private_anonymous(maps_line: str) -> bool:
     """Whether a ``/proc/<pid>/maps`` line is a private read-write anonymous mapping: no file
-    (inode 0), unnamed, the heap, or named by its owner with ``PR_SET_VMA_ANON_NAME`` (glibc's
-    ``[anon: glibc: malloc arena]`` and the like; the stack and vdso are left out)."""
+    (inode 0), and unnamed, the heap, or named by its owner with ``PR_SET_VMA_ANON_NAME``
+    (``[anon:glibc: malloc arena]`` and the like). The stack is left out by name; ``[vvar]``
+    and ``[vdso]`` are not writable."""
     fields = maps_line.split()
     if len(fields) < 5 or fields[1] != "rw-p" or fields[4] != "0":
         return False

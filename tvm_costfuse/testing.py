@@ -71,7 +71,7 @@ def attention_program(b: int, h: int, s: int, d: int, form: str = "plain",
     """``softmax(Q K^T / sqrt(d) [+ mask | causal where | + B^T]) V`` on (b, h, s, d) tensors,
     as the importers emit it (K^T a transpose feeding the scores), prepared for fusion; with
     its inputs. ``form="transposed_bias"`` adds a (b, h, keys, rows) input transposed, as
-    DeBERTa adds its position-to-content scores. ``rows``: fewer queries than keys;
+    DeBERTa adds its position-to-content scores. ``rows``: queries other than the keys;
     ``probs_out``: the probabilities returned too (``tests/test_attention.py``,
     ``scripts/bench_attention.py``)."""
     import math
@@ -83,7 +83,7 @@ def attention_program(b: int, h: int, s: int, d: int, form: str = "plain",
 
     F32 = "float32"
     bb = relax.BlockBuilder()
-    rows = rows or s  # fewer queries than keys: cross attention
+    rows = rows or s  # other than the keys: cross attention
     q = relax.Var("q", relax.TensorType((b, h, rows, d), F32))
     k, v = (relax.Var(n, relax.TensorType((b, h, s, d), F32)) for n in "kv")
     params = [q, k, v]

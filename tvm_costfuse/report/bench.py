@@ -41,6 +41,7 @@ from ..measurement.peers import (
     thread_pool,
     with_threads,
 )
+from ..measurement.placement import LaunchProbe, apart, probed
 from ..measurement.quiet import OtherLoad
 from ..measurement.timing import (
     SCALED_TOLERANCE,
@@ -137,7 +138,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
     ``huge_pages``: every column's resident memory moved to 2 MiB pages before it is timed
     (``tvm_costfuse.huge_pages``; what moved, per thread count, is the row's ``pages``)."""
     row: dict = {"model": w.name, "family": w.family, "kernels": {}, "ms": {}, "failed": {},
-                 "err": {}, "other_load": {}}
+                 "err": {}, "other_load": {}, "probe_s": {}}
     ref = None
     if "eager" in peers and w.eager is not None:
         import torch
@@ -161,6 +162,9 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
         target = host_target(t)
         thread_pool(t)
         samplers: dict[str, Callable[[], float]] = {}
+        # Before each sample of ours at 2+ threads: how near the CPUs sat (``placement``).
+        probe = LaunchProbe(t) if t > 1 else None
+        probes = row["probe_s"].setdefault(str(t), []) if probe else None
         for s in ours:
             ex = tvm.compile(w.mod, target=target, relax_pipeline=strategy_pipeline(s, target),
                              tir_pipeline=tir_pipeline(s))
@@ -168,7 +172,8 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
             out = run(ex, w.inputs, calls=calls)
             row["kernels"][s] = sum(not is_shape_func(c) for c in calls)
             row["err"][f"{s}@{t}"] = scaled_error(out[0], ref)
-            samplers[f"{s}@{t}"] = with_threads(vm_sampler(ex, w.inputs, min_ms=SAMPLE_MS), t)
+            sampler = with_threads(vm_sampler(ex, w.inputs, min_ms=SAMPLE_MS), t)
+            samplers[f"{s}@{t}"] = probed(sampler, probe, probes) if probe else sampler
         if "eager" in peers and w.eager is not None:
             samplers[f"eager@{t}"] = eager_sampler(w.eager, t)
         if "compile" in peers and "compile" not in row["failed"]:
@@ -213,6 +218,19 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
     return row
 
 
+def _apart_samples(rows: list[dict]) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per model and thread count: (samples of ours taken apart, samples probed), against the
+    fastest probe of every row at that thread count."""
+    fastest: dict[str, float] = {}
+    for r in rows:
+        for t, probes in r.get("probe_s", {}).items():
+            if probes:
+                fastest[t] = min(min(probes), fastest.get(t, math.inf))
+    return {r["model"]: {t: (apart(p, fastest[t]), len(p))
+                         for t, p in r.get("probe_s", {}).items() if p}
+            for r in rows if "error" not in r}
+
+
 def _wrong(row: dict) -> set[str]:
     """The columns whose output missed the reference by more than ``SCALED_TOLERANCE``."""
     return {c for c, e in row.get("err", {}).items() if not e <= SCALED_TOLERANCE}
@@ -237,12 +255,15 @@ def table(rows: list[dict], threads: list[int], ours=OURS, peers=DEFAULT_PEERS) 
     head = ["model", "family", *(f"k {s}" for s in ours), *(f"{c} ms" for c in cols), "max err",
             "other load"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    spread = _apart_samples(rows)
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | {r.get('family', '')} | failed: {r['error']} |")
             continue
         loads = r.get("other_load", {})
         load = " / ".join(f"{loads[t]:.2f}" for t in sorted(loads, key=int)) or "n/a"
+        load += "".join(f"; apart {n}/{of} @{t}" for t, (n, of) in spread.get(r["model"], {})
+                        .items() if n)
         cells = [r["model"] + (" (busy)" if disturbed(r) else ""), r["family"],
                  *(str(r["kernels"].get(s, "-")) for s in ours),
                  *(("WRONG " if c in _wrong(r) else "") + f"{r['ms'][c]:.3g}"
@@ -255,6 +276,11 @@ def table(rows: list[dict], threads: list[int], ours=OURS, peers=DEFAULT_PEERS) 
     if busy:
         lines.append(f"- busy (other processes used > {DISTURBED_CORES} cores while the row "
                      f"was timed; rerun on a quiet machine): {', '.join(busy)}")
+    far = [m for m, by_t in spread.items() if any(n for n, _ in by_t.values())]
+    if far:
+        lines.append("- apart (samples of ours taken while the CPUs sat apart, a thread-pool "
+                     "launch well over the run's fastest: `measurement/placement.py`; such "
+                     f"samples can run 2x slower; rerun those cells): {', '.join(far)}")
     for r in ok:
         for column, why in r.get("failed", {}).items():
             lines.append(f"- {r['model']}: no {column} column: {why}")

@@ -1,0 +1,69 @@
+"""Whether this process's CPUs sat near each other while a multi-thread sample was taken.
+
+On a cloud host the hypervisor may place two vCPUs on cores that share a last-level cache or
+on cores that do not, and move them within a run. On the 2-vCPU EPYC of
+docs/log/2026-12-07c.md the round trip of a cache line between them went from 52-75 ns to
+333-351 ns for stretches of seconds to minutes, and models of many small parallel kernels ran
+1.7-2.5x slower at 2 threads meanwhile; the FMA peak and one-thread runs do not see it.
+Interleaved rounds cancel such a stretch only where it covers every column alike.
+
+Python cannot time a cache-line round trip, but TVM's thread pool pays it on every parallel
+launch (waking the workers and joining them): a chain of tiny parallel kernels took 0.91-0.94
+us per launch with the CPUs near and 1.74-1.92 us with them apart (means per minute), and a
+launch over 1.25 us agreed with a 2-thread model sample over 6 ms in all but 4 of 1550 rounds
+(same host). :class:`LaunchProbe` times that chain (a few ms a call); a sample is
+read as taken *apart* where the probe just before it took more than :data:`APART_RATIO` times
+the fastest probe of the run at that thread count (:func:`apart`). A run spent entirely apart
+has no near probe to compare with and is not flagged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .calibrate import _chain_module
+from .peers import thread_pool
+
+__all__ = ["APART_RATIO", "LaunchProbe", "apart", "probed"]
+
+#: A probe this much slower than the fastest of the run reads "apart" (the two placements'
+#: means 1.9x apart; near launches 0.89 us at the fastest, far ones 1.58 us at the fastest).
+APART_RATIO = 1.4
+_KERNELS = 64
+
+
+class LaunchProbe:
+    """Seconds per launch of a parallel tiny kernel on ``threads`` threads: the fastest of 3
+    batches of 20 chains of 64 launches."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        dev = tvm.cpu()
+        target = tvm.target.Target({"kind": "llvm", "num-cores": threads})
+        self._x = tvm.runtime.tensor(np.zeros((threads, 16), "float32"), dev)
+        self._vm = relax.VirtualMachine(
+            tvm.compile(_chain_module(_KERNELS, True, threads), target=target), dev)
+        self._timer = self._vm.time_evaluator("main", dev, number=20, repeat=3)
+        self()  # the first call pays the pool's start-up
+
+    def __call__(self) -> float:
+        thread_pool(self.threads)
+        return min(self._timer(self._x).results) / _KERNELS
+
+
+def probed(sample, probe: LaunchProbe, log: list[float]):
+    """``sample`` with ``probe`` timed right before each call, its seconds appended to ``log``."""
+
+    def timed() -> float:
+        log.append(probe())
+        return sample()
+
+    return timed
+
+
+def apart(probes: list[float], fastest: float) -> int:
+    """How many of ``probes`` read as taken with the CPUs apart, against the run's ``fastest``
+    probe at that thread count."""
+    return sum(p > APART_RATIO * fastest for p in probes)
