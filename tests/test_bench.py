@@ -117,17 +117,41 @@ def test_samples_taken_with_the_cpus_apart_are_named() -> None:
                 "ms": {"tvm@2": 2.0, "costfuse@2": 1.0}, "err": {"tvm@2": 0.0, "costfuse@2": 0.0},
                 "failed": {}, "other_load": {"2": 0.0}, "probe_s": {"2": probes}}
 
-    text = table([row("near", [0.9e-6, 1.1e-6]), row("far", [1.0e-6, 1.8e-6, 1.75e-6])], [2],
-                 ("tvm", "costfuse"), ())
+    older = row("older", [])
+    del older["probe_s"]  # a row written before the probe
+    rows = [row("near", [0.9e-6, 1.1e-6]), row("far", [1.0e-6, 1.8e-6, 1.75e-6]),
+            row("slow", [1.3e-6, 1.3e-6]),  # apart only against the other rows' fastest
+            {"model": "broken", "threads": 2, "error": "ValueError: no"}, older]
+    text = table(rows, [2], ("tvm", "costfuse"), ())
     assert "apart 2/3 @2" in _row(text, "far")["other load"]
+    assert "apart 2/2 @2" in _row(text, "slow")["other load"]
     assert "apart" not in _row(text, "near")["other load"]
+    assert "apart" not in _row(text, "older")["other load"]
     note = next(ln for ln in text.splitlines() if ln.startswith("- apart (samples of ours"))
-    assert note.endswith(": far")
+    assert note.endswith(": far, slow")
 
 
-def test_the_launch_probe_times_a_parallel_launch() -> None:
-    from tvm_costfuse.measurement.placement import APART_RATIO, LaunchProbe, apart
+def test_each_sample_of_ours_at_two_threads_is_probed(monkeypatch, tmp_path) -> None:
+    """One probe per sample of our columns at 2 threads, none at 1; the row stays JSON."""
+    import json
 
-    seconds = LaunchProbe(2)()
+    from tvm_costfuse.measurement.placement import LaunchProbe
+    from tvm_costfuse.report import bench as bench_mod
+
+    made = []
+
+    class _Probe:
+        def __init__(self, threads):
+            made.append(threads)
+
+        def __call__(self):
+            return 1e-6
+
+    monkeypatch.setattr(bench_mod, "LaunchProbe", _Probe)
+    row = bench_mod.bench(bench_mod.workload("mlp_gelu", small=True), [1, 2], repeat=2,
+                          tmp=str(tmp_path), ours=("tvm", "costfuse"), peers=())
+    assert made == [2]
+    assert row["probe_s"] == {"2": [1e-6] * 4}  # 2 rounds x 2 columns
+    json.dumps(row)
+    seconds = LaunchProbe(2)()  # the real probe builds and times a parallel launch
     assert 0 < seconds < 1e-3
-    assert apart([seconds, APART_RATIO * 1.01 * seconds], seconds) == 1

@@ -13,7 +13,7 @@ us per launch with the CPUs near and 1.74-1.92 us with them apart (means per min
 launch over 1.25 us agreed with a 2-thread model sample over 6 ms in all but 4 of 1550 rounds
 (same host). :class:`LaunchProbe` times that chain (a few ms a call); a sample is
 read as taken *apart* where the probe just before it took more than :data:`APART_RATIO` times
-the fastest probe of the run at that thread count (:func:`apart`). A run spent entirely apart
+the fastest probe of the rows read together at that thread count (:func:`apart`). A run spent entirely apart
 has no near probe to compare with and is not flagged.
 """
 
@@ -23,6 +23,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..targets import host_target
 from .calibrate import _chain_module
 from .peers import thread_pool
 
@@ -35,17 +36,17 @@ _KERNELS = 64
 
 
 class LaunchProbe:
-    """Seconds per launch of a parallel tiny kernel on ``threads`` threads: the fastest of 3
-    batches of 20 chains of 64 launches."""
+    """Seconds per launch of a parallel tiny kernel on ``threads`` threads: the fastest of 5
+    batches of 20 chains of 64 launches, as the monitor that set :data:`APART_RATIO` took it."""
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
         dev = tvm.cpu()
-        target = tvm.target.Target({"kind": "llvm", "num-cores": threads})
+        target = host_target(threads)
         self._x = tvm.runtime.tensor(np.zeros((threads, 16), "float32"), dev)
         self._vm = relax.VirtualMachine(
             tvm.compile(_chain_module(_KERNELS, True, threads), target=target), dev)
-        self._timer = self._vm.time_evaluator("main", dev, number=20, repeat=3)
+        self._timer = self._vm.time_evaluator("main", dev, number=20, repeat=5)
         self()  # the first call pays the pool's start-up
 
     def __call__(self) -> float:

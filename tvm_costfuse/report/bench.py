@@ -218,17 +218,17 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
     return row
 
 
-def _apart_samples(rows: list[dict]) -> dict[str, dict[str, tuple[int, int]]]:
-    """Per model and thread count: (samples of ours taken apart, samples probed), against the
-    fastest probe of every row at that thread count."""
+def _apart_samples(rows: list[dict]) -> list[dict[str, tuple[int, int]]]:
+    """Per row and thread count: (samples of ours taken apart, samples probed), against the
+    fastest probe of all ``rows`` at that thread count (rows of one host's run: rows read back
+    from another host's run would set another yardstick)."""
     fastest: dict[str, float] = {}
     for r in rows:
         for t, probes in r.get("probe_s", {}).items():
             if probes:
                 fastest[t] = min(min(probes), fastest.get(t, math.inf))
-    return {r["model"]: {t: (apart(p, fastest[t]), len(p))
-                         for t, p in r.get("probe_s", {}).items() if p}
-            for r in rows if "error" not in r}
+    return [{t: (apart(p, fastest[t]), len(p)) for t, p in r.get("probe_s", {}).items() if p}
+            for r in rows]
 
 
 def _wrong(row: dict) -> set[str]:
@@ -256,14 +256,13 @@ def table(rows: list[dict], threads: list[int], ours=OURS, peers=DEFAULT_PEERS) 
             "other load"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     spread = _apart_samples(rows)
-    for r in rows:
+    for r, by_t in zip(rows, spread, strict=True):
         if "error" in r:
             lines.append(f"| {r['model']} | {r.get('family', '')} | failed: {r['error']} |")
             continue
         loads = r.get("other_load", {})
         load = " / ".join(f"{loads[t]:.2f}" for t in sorted(loads, key=int)) or "n/a"
-        load += "".join(f"; apart {n}/{of} @{t}" for t, (n, of) in spread.get(r["model"], {})
-                        .items() if n)
+        load += "".join(f"; apart {n}/{of} @{t}" for t, (n, of) in by_t.items() if n)
         cells = [r["model"] + (" (busy)" if disturbed(r) else ""), r["family"],
                  *(str(r["kernels"].get(s, "-")) for s in ours),
                  *(("WRONG " if c in _wrong(r) else "") + f"{r['ms'][c]:.3g}"
@@ -276,7 +275,8 @@ def table(rows: list[dict], threads: list[int], ours=OURS, peers=DEFAULT_PEERS) 
     if busy:
         lines.append(f"- busy (other processes used > {DISTURBED_CORES} cores while the row "
                      f"was timed; rerun on a quiet machine): {', '.join(busy)}")
-    far = [m for m, by_t in spread.items() if any(n for n, _ in by_t.values())]
+    far = [r["model"] for r, by_t in zip(rows, spread, strict=True)
+           if "error" not in r and any(n for n, _ in by_t.values())]
     if far:
         lines.append("- apart (samples of ours taken while the CPUs sat apart, a thread-pool "
                      "launch well over the run's fastest: `measurement/placement.py`; such "
