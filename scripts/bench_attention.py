@@ -1,7 +1,8 @@
 """The fused attention kernel against the split kernels and PyTorch, at equal threads.
 
 For each case ``B,H,S,D,FORM[,ROWS]`` (FORM: plain, masked (BERT's additive padding mask),
-causal (GPT-2's where); ROWS: query rows, when other than the S keys) the program of ``tvm_costfuse.testing.attention_program`` is built
+causal (GPT-2's where); ROWS: query rows, when other than the S keys) the program of
+``tvm_costfuse.testing.attention_program`` is built
 
 - fused: one group (``schedules/attention.py``),
 - split: ``[K^T] [Q K^T, scale, mask] [softmax] [P V]``, how the planner grouped it before,

@@ -11,10 +11,10 @@ Python cannot time a cache-line round trip, but TVM's thread pool pays it on eve
 launch (waking the workers and joining them): a chain of tiny parallel kernels took 0.91-0.94
 us per launch with the CPUs near and 1.74-1.92 us with them apart (means per minute), and a
 launch over 1.25 us agreed with a 2-thread model sample over 6 ms in all but 4 of 1550 rounds
-(same host). :class:`LaunchProbe` times that chain (a few ms a call); a sample is
-read as taken *apart* where the probe just before it took more than :data:`APART_RATIO` times
-the fastest probe of the rows read together at that thread count (:func:`apart`). A run spent entirely apart
-has no near probe to compare with and is not flagged.
+(same host). :class:`LaunchProbe` times that chain (a few ms a call); a sample is read as
+taken *apart* where the probe just before it took more than :data:`APART_RATIO` times the
+fastest probe of the rows read together at that thread count (:func:`apart`). A run spent
+entirely apart has no near probe to compare with and is not flagged.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .peers import thread_pool
 
 __all__ = ["APART_RATIO", "LaunchProbe", "apart", "probed"]
 
-#: A probe this much slower than the fastest of the run reads "apart" (the two placements'
+#: A probe this much slower than the fastest one reads "apart" (the two placements'
 #: means 1.9x apart; near launches 0.89 us at the fastest, far ones 1.58 us at the fastest).
 APART_RATIO = 1.4
 _KERNELS = 64
@@ -65,6 +65,6 @@ def probed(sample, probe: LaunchProbe, log: list[float]):
 
 
 def apart(probes: list[float], fastest: float) -> int:
-    """How many of ``probes`` read as taken with the CPUs apart, against the run's ``fastest``
-    probe at that thread count."""
+    """How many of ``probes`` read as taken with the CPUs apart, against the ``fastest`` probe
+    at that thread count."""
     return sum(p > APART_RATIO * fastest for p in probes)
