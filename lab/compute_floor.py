@@ -10,7 +10,7 @@ schedule that computes the same convolutions and matmuls directly:
     roof  = t(FuseOps) / floor
 
 where a contraction's multiply-adds are its output elements times its reduction extent, and
-``peak`` is the calibration's FMA-chain kernel (``measurement.calibrate.fp32_flops``) at the
+``peak`` is the calibration's FMA-chain kernel (``measurement.calibrate.fma_timer``) at the
 same thread count, timed interleaved with the models so that the host's drift hits both.
 Everything else (pools, normalizations, elementwise work, launches) is taken as free, so the
 roof is generous: only a different algorithm (Winograd, FFT: fewer multiply-adds) can pass it.
@@ -32,7 +32,7 @@ import tvm
 from tvm_costfuse import models
 from tvm_costfuse.cost.features import op_class
 from tvm_costfuse.graph import build_graph
-from tvm_costfuse.measurement.calibrate import fp32_flops
+from tvm_costfuse.measurement.calibrate import fma_timer
 from tvm_costfuse.measurement.peers import thread_pool, with_threads
 from tvm_costfuse.measurement.timing import geomean, interleave, vm_sampler
 from tvm_costfuse.pipelines import prepare
@@ -67,7 +67,9 @@ def main() -> None:
     args = ap.parse_args()
     target = host_target(args.threads)
     thread_pool(args.threads)
-    lanes = isa.vector_bits(target) // 32
+    # built once: the peak is timed in every round, seconds per FLOP as the models' samples
+    peak_flops, peak_timer = fma_timer(isa.vector_bits(target) // 32, args.threads, target,
+                                       1 << 14)
     print(f"target {target}, load average {os.getloadavg()[0]:.2f}")
     print(f"{'model':<20}{'GFLOP':>7}{'small':>7}{'peak GF/s':>10}{'floor ms':>9}"
           f"{'tvm ms':>9}{'costfuse ms':>12}{'tvm/cf':>8}{'roof':>7}{'cf share':>9}{'spread':>8}")
@@ -78,8 +80,7 @@ def main() -> None:
         samplers = {s: [with_threads(vm_sampler(tvm.compile(
             mod, target, relax_pipeline=strategy_pipeline(s, target), tir_pipeline=tir_pipeline(
                 s)), inputs), args.threads) for _ in range(args.builds)] for s in STRATEGIES}
-        samplers["peak"] = [with_threads(
-            lambda: 1.0 / fp32_flops(lanes, args.threads, target, 1 << 14, 1, 50), args.threads)]
+        samplers["peak"] = [with_threads(lambda: peak_timer(1, 50) / peak_flops, args.threads)]
         samples = interleave(samplers, args.repeat)
         t = {k: float(np.median(v)) for k, v in samples.items()}
         spread = max(max(samples[s]) / min(samples[s]) for s in STRATEGIES)

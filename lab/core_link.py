@@ -9,6 +9,10 @@ slower than a moment before (docs/log/2026-12-07c.md). Python cannot time a cach
 trip, so a 20-line C program does (built with the host's ``cc``; none is needed elsewhere)::
 
     python3 lab/core_link.py squeezenet1_1 shufflenet_v2_x1_0 mnasnet1_0 --rounds 25
+
+``--launch`` also times, in each round, the parallel-launch probe that ``costfuse bench``
+reads the placement from (``measurement.placement.LaunchProbe``): the check that it tells
+the two placements apart as the round trip does.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import tvm
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement.peers import thread_pool, with_threads
+from tvm_costfuse.measurement.placement import LaunchProbe
 from tvm_costfuse.measurement.timing import vm_sampler
 from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target
@@ -64,6 +69,7 @@ def main() -> None:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--rounds", type=int, default=25)
     ap.add_argument("--strategy", default="tvm")
+    ap.add_argument("--launch", action="store_true", help="time the launch probe too")
     args = ap.parse_args()
     target = host_target(2)
     thread_pool(2)
@@ -75,11 +81,14 @@ def main() -> None:
         samplers[name] = with_threads(vm_sampler(ex, inputs), 2)
     with tempfile.TemporaryDirectory() as tmp:
         round_trip = round_trip_timer(Path(tmp))
-        print("round trip ns  " + "  ".join(f"{n} ms @2" for n in samplers))
+        probe = LaunchProbe(2) if args.launch else None
+        print("round trip ns  " + ("launch us  " if probe else "")
+              + "  ".join(f"{n} ms @2" for n in samplers))
         for _ in range(args.rounds):
             ns = round_trip()
-            print(f"{ns:13.0f}  " + "  ".join(f"{s() * 1e3:.2f}" for s in samplers.values()),
-                  flush=True)
+            launch = f"{probe() * 1e6:9.2f}  " if probe else ""
+            print(f"{ns:13.0f}  {launch}" + "  ".join(f"{s() * 1e3:.2f}"
+                                                   for s in samplers.values()), flush=True)
 
 
 if __name__ == "__main__":

@@ -323,11 +323,12 @@ def main() -> None:
             samplers[(case.name, "torch")] = call_sampler(torch_call(case, arrays))
         flops[case.name] = case.flops()
     if args.peak:
-        from tvm_costfuse.measurement.calibrate import fp32_flops
+        from tvm_costfuse.measurement.calibrate import fma_timer
 
-        lanes = isa.vector_bits(target) // 32
-        samplers[("peak", "tvm")] = lambda: 1.0 / fp32_flops(lanes, args.threads, target,
-                                                               1 << 14, 1, 50)
+        # built once: the peak is timed in every round, as seconds per FLOP
+        peak_flops, peak_timer = fma_timer(isa.vector_bits(target) // 32, args.threads, target,
+                                           1 << 14)
+        samplers[("peak", "tvm")] = lambda: peak_timer(1, 50) / peak_flops
     samples = interleave(samplers, args.repeat)
     peak = 1.0 / float(np.median(samples[("peak", "tvm")])) if args.peak else math.nan
     if args.peak:

@@ -138,9 +138,10 @@ def _fma_kernel(tasks: int, iters: int, lanes: int, nacc: int):
     return fma
 
 
-def fp32_flops(lanes: int, cores: int, target, iters: int, repeat: int, ms: int) -> float:
-    """FP32 FLOP/s of independent FMA chains on ``cores`` x ``lanes`` lanes: the peak the
-    calibration records (and ``scripts/bench_kernels.py --peak`` times beside its kernels)."""
+def fma_timer(lanes: int, cores: int, target, iters: int):
+    """:func:`_fma_kernel` on ``cores`` x ``lanes`` lanes, built once: (FLOPs per call,
+    ``timer(repeat, min_repeat_ms)`` -> median seconds per call), for scripts that time the
+    peak beside their own kernels in every round."""
     tasks = cores * 4
     nacc = _FMA_ACCUMULATORS
     ex = _build(_fma_kernel(tasks, iters, lanes, nacc), "fma", target)
@@ -153,8 +154,15 @@ def fp32_flops(lanes: int, cores: int, target, iters: int, repeat: int, ms: int)
         ((tasks, nacc, lanes), 0.0),
     ]
     args = [tvm.runtime.tensor(np.full(s, v, "float32"), dev) for s, v in shapes_values]
-    seconds = _median(ex.mod, "fma", args, repeat, ms)
-    return 2.0 * tasks * iters * nacc * lanes / seconds
+    flops = 2.0 * tasks * iters * nacc * lanes
+    return flops, lambda repeat, ms: _median(ex.mod, "fma", args, repeat, ms)
+
+
+def fp32_flops(lanes: int, cores: int, target, iters: int, repeat: int, ms: int) -> float:
+    """FP32 FLOP/s of independent FMA chains on ``cores`` x ``lanes`` lanes: the peak the
+    calibration records (and ``scripts/bench_kernels.py --peak`` times beside its kernels)."""
+    flops, timer = fma_timer(lanes, cores, target, iters)
+    return flops / timer(repeat, ms)
 
 
 # ---------------------------------------------------------------------------- launch cost
@@ -172,7 +180,7 @@ def _tiny_kernel(parallel: bool, cores: int) -> tirx.PrimFunc:
     return sch.mod["main"].with_attr("global_symbol", "tiny")
 
 
-def _chain_module(kernels: int, parallel: bool, cores: int) -> tvm.IRModule:
+def chain_module(kernels: int, parallel: bool, cores: int) -> tvm.IRModule:
     """Relax ``main`` calling ``kernels`` call_tir kernels in a chain (no fusion: no FuseOps)."""
     ty = relax.TensorType([cores, 16], "float32")
     bb = relax.BlockBuilder()
@@ -197,7 +205,7 @@ def _launch_seconds(parallel: bool, cores: int, target, repeat: int, ms: int) ->
     x = tvm.runtime.tensor(np.zeros((cores, 16), "float32"), dev)
     timers = {}
     for kernels in (1, _LAUNCH_KERNELS):
-        ex = tvm.compile(_chain_module(kernels, parallel, cores), target=target)
+        ex = tvm.compile(chain_module(kernels, parallel, cores), target=target)
         vm = relax.VirtualMachine(ex, dev)
         vm["main"](x)
         timers[kernels] = vm.time_evaluator("main", dev, number=1, repeat=repeat,

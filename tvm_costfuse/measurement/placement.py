@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from ..targets import host_target
-from .calibrate import _chain_module
+from .calibrate import chain_module
 from .peers import thread_pool
 
 __all__ = ["APART_RATIO", "LaunchProbe", "apart", "probed"]
@@ -45,7 +45,7 @@ class LaunchProbe:
         target = host_target(threads)
         self._x = tvm.runtime.tensor(np.zeros((threads, 16), "float32"), dev)
         self._vm = relax.VirtualMachine(
-            tvm.compile(_chain_module(_KERNELS, True, threads), target=target), dev)
+            tvm.compile(chain_module(_KERNELS, True, threads), target=target), dev)
         self._timer = self._vm.time_evaluator("main", dev, number=20, repeat=5)
         self()  # the first call pays the pool's start-up
 
