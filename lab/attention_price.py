@@ -2,7 +2,7 @@
 fused attention group against the split groups ``[K^T] [Q K^T, scale, mask] [softmax] [P V]``,
 on the host description (calibrated unless ``TVM_COSTFUSE_CALIBRATION=none``) at the given
 thread count, to set beside the measured figures, and whether the greedy planner forms the
-attention group on its own (``planner=attention``) or leaves the head split.
+attention group on its own (``planner=attention``) or which groups it forms instead.
 
     python lab/attention_price.py --threads 1 1,8,4096,64,masked
 """
@@ -37,12 +37,12 @@ def main() -> None:
         t_fused = analytical.estimate(fused, target).seconds
         t_split = sum(analytical.estimate(group_features(graph, g), target).seconds
                       for g in split)
-        planned = any(group_features(graph, g).schedule_on("cpu") == fused.schedule_on("cpu")
-                      for g in plan_greedy(graph, target, FusionConfig()).groups)
+        groups = plan_greedy(graph, target, FusionConfig()).groups
+        planned = ("attention" if any(set(g) == set(calls) for g in groups) else
+                   " ".join("[" + ",".join(graph[n].prim_func for n in g) + "]" for g in groups))
         print(f"{case} threads={args.threads} class={fused.schedule_on('cpu')} "
               f"fused={t_fused * 1e3:.2f}ms split={t_split * 1e3:.2f}ms "
-              f"split/fused={t_split / t_fused:.2f} "
-              f"planner={'attention' if planned else 'split'}")
+              f"split/fused={t_split / t_fused:.2f} planner={planned}")
 
 
 if __name__ == "__main__":

@@ -123,7 +123,15 @@ def _claims_attention(f, kind: str) -> bool:
 # With the register tiles on the stack the per-head matmuls reach 0.69-0.90 of peak alone
 # (znver4), and the share follows them, 0.85: priced with the split kernels at their share,
 # 0.55 splits every prefill attention, which measured split / fused 0.98-1.00 at 1 thread and
-# 1.00-1.03 at 2 (bert, vit_b_16, gpt2; docs/log/2026-12-06g.md).
+# 1.00-1.03 at 2 (bert, vit_b_16, gpt2; docs/log/2026-12-06g.md). Since the host's exp is
+# measured (``calibrate.math_seconds``; the constant before it was 7x high and over-priced the
+# split softmax 2-3x) the card prices the fused kernel below what it runs alone, 0.76-1.03 of
+# its time on eight prefill shapes. A card fitted to it alone (the GEMM rule's share for each
+# contraction's geometry, a ragged key row's max and sum as scalar chains: 0.93-1.06) split
+# the ragged heads and BERT's and GPT-2's, and ran 0.990-1.018x this card's plans at 1 thread
+# and 0.980-0.998x at 2 end to end (segformer, vit_b_16, bert, swin_t, gpt2; znver4,
+# docs/log/2026-12-07d.md): in a model the split kernels lose more than they do alone, so
+# the card is judged by the plans it makes, and stays.
 # One query row per head (a decode step; ``attention_decode.py``) is priced at 0.55, which it
 # does not reach either: per layer at 1 thread it ran 6.2-7.6x slower than this compute term
 # on qwen2 (128 and 1024 past) and falcon, 8-9x with memory on opt and gpt2 (znver4,

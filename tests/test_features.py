@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from conftest import prepared
 from tvm_costfuse.schedules.catalog import card_of
 
@@ -153,6 +154,13 @@ def test_math_work_makes_a_cpu_kernel_slower_and_leaves_cuda_as_it_was() -> None
         cos, math=0.0, op_work=tuple(w._replace(math=0.0) for w in cos.op_work))
     assert estimate(cos, HOST).breakdown["compute"] > estimate(no_math, HOST).breakdown["compute"]
     assert estimate(cos, H200).seconds == estimate(no_math, H200).seconds
+    # The math term is the host's exp (``TargetDesc.exp_seconds``) times the exp-equivalents.
+    terms = {}
+    for exp_s in (1e-10, 3e-10):
+        host = dataclasses.replace(HOST, math_s=exp_s)
+        terms[exp_s] = (estimate(cos, host).breakdown["compute"]
+                        - estimate(no_math, host).breakdown["compute"])
+    assert terms[3e-10] == pytest.approx(3 * terms[1e-10])
 
 
 def test_nested_math_calls_are_priced_as_the_libm_calls_they_stay() -> None:

@@ -8,6 +8,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tvm
 from conftest import QuietLoad
@@ -118,6 +119,44 @@ def test_quick_calibration_is_physical(calibrated):
     assert 1e8 <= desc.peak("float32") <= 1e13, figures
     assert 1e-8 <= desc.launch_s <= 1e-2, figures
     assert desc.l2_bw > 0.5e9
+    # One vectorized exp per core: tens of FMA-peak FLOPs (29 with AVX-512 code, 53 with AVX2
+    # on znver4), never the 1.74 ns of a DRAM-bound kernel the constant before it timed.
+    per_core_peak = desc.peak("float32") / desc.cores
+    assert desc.math_s is not None and desc.exp_seconds() == desc.math_s
+    assert 5 <= desc.math_s * per_core_peak <= 300, desc.math_s * per_core_peak
+
+
+def test_math_kernel_computes_exp_in_its_polynomial():
+    """The calibration's exp sweep computes exp (``fast_math``'s polynomial, not a libm call)
+    and its control sweep the multiply-add it says."""
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    x0 = np.linspace(-3.0, 3.0, 64, dtype="float32")
+    want = {True: np.exp(-np.exp(-x0.astype("float64"))), False: 0.5 - 0.5 * (0.5 - 0.5 * x0)}
+    for exp, expect in want.items():
+        func = calibrate._math_kernel(32, 4, 2, 2, exp)
+        if exp:
+            assert "exp" not in str(func.body)  # rewritten into the polynomial
+        ex = tvm.compile(tvm.IRModule({"math": func.with_attr("global_symbol", "math")}),
+                         target=target)
+        x = tvm.runtime.tensor(x0.copy())
+        ex["math"](x)
+        np.testing.assert_allclose(x.numpy(), expect, rtol=2e-6, atol=1e-7)
+
+
+def test_exp_seconds_where_a_record_has_no_math_s():
+    """A record from before ``math_s`` prices an exp at ``EXP_FLOPS`` of the per-core peak;
+    GPU presets keep math free; a measured ``math_s`` is used as it stands."""
+    from tvm_costfuse.targets.desc import EXP_FLOPS
+
+    record = {"cpu": targets.host_cpu(), "cpu_model": targets.host_cpu_model(), "num_cores": 2,
+              "quick": True, "figures": {"dram_bw": 1e10, "fp32_flops": 2e11, "launch_s": 1e-6,
+                                         "launch_s_serial": 1e-7}}
+    old = targets.host(num_cores=2, calibration=record)
+    assert old.source.endswith("+calibrated") and old.math_s is None
+    assert old.exp_seconds() == pytest.approx(EXP_FLOPS / 1e11)
+    record["figures"]["math_s"] = 3e-10
+    assert targets.host(num_cores=2, calibration=record).exp_seconds() == 3e-10
+    assert targets.H100.exp_seconds() == 0.0
 
 
 def test_calibration_round_trip(calibrated):

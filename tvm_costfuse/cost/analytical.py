@@ -29,15 +29,6 @@ from .features import GroupFeatures, OpWork
 # nests) is on its card, beside its rule (``schedules/card.py``; ``schedules.catalog`` lists
 # them, with the measurements behind each number).
 
-# Seconds one core spends on one exp-equivalent of math library work (``schedules.math_calls.MATH_COST``).
-# CPU: the vectorized exp (``schedules/fast_math``) over 1M float32 elements took 0.87 ns per
-# element machine-wide on the 2-core emeraldrapids host (``lab/math_cost.py``,
-# whole kernel time, as for the libm exp before it): 1.74 ns per call per core. Kept in
-# seconds, not FLOPs: a calibrated FMA peak says nothing about the polynomial's selects and
-# casts. CUDA: not measured on a GPU; 0 leaves its estimates as they were (what a GPU's
-# special-function units make of it is not known here).
-_CPU_MATH_CORE_SECONDS = 1.74e-9
-_CUDA_MATH_CORE_SECONDS = 0.0
 # An operand a kernel reads again per tile (``Card.rereads``) costs nothing more while it fits
 # this share of one core's L2: it is served from there, as the tile's own loads. The channel
 # chains' 0.8 MB input images (112 x 112, read 12 times) ran 1.18-1.82x faster chained than
@@ -179,8 +170,6 @@ class KindModel:
 
     #: the cards' column (``Card.efficiency[...]``, ``Card.card_on(...)``)
     card_column: str
-    #: seconds one core spends on one exp-equivalent of math library work
-    math_core_seconds: float
     #: (registers a thread or loop body needs, registers over the file)
     registers: Callable[[GroupFeatures, object], tuple[int, int]]
     #: output elements that keep the whole machine busy
@@ -197,9 +186,9 @@ class KindModel:
 
 
 _KIND_MODELS = {
-    "cpu": KindModel("cpu", _CPU_MATH_CORE_SECONDS, _cpu_registers, _cpu_full_parallelism,
+    "cpu": KindModel("cpu", _cpu_registers, _cpu_full_parallelism,
                      _cpu_launch, private_l2=True, caps_registers=False, tiles_cores=True),
-    "cuda": KindModel("cuda", _CUDA_MATH_CORE_SECONDS, _cuda_registers,
+    "cuda": KindModel("cuda", _cuda_registers,
                       _cuda_full_parallelism, _cuda_launch, private_l2=False,
                       caps_registers=True, tiles_cores=False),
 }
@@ -272,7 +261,8 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
             return peak * fraction_of_peak(w.geometry, lanes, target.vector_regs)[1]
         return contraction_rate
 
-    math_seconds = model.math_core_seconds / max(1, target.cores)
+    # Math calls in exp-equivalents (``schedules.math_calls.MATH_COST``) at the host's exp.
+    math_seconds = target.exp_seconds() / max(1, target.cores)
     full = model.full_parallelism(f.dtype_bytes, target)
     compute = sum([
         (w.flops / (rate_of(w) if w.contraction else stream_rate if w.in_prologue else rate)

@@ -12,6 +12,11 @@ written out (parallel over cores, vectorized to the CPU's vector width), timed w
   held in vector registers, no memory traffic in the loop). This is the throughput of the FMA
   units as TVM's LLVM code reaches them: a lower bound on the datasheet peak, and an upper
   bound on what any real kernel (matmul included) reaches on this machine.
+- ``math_s``: seconds one core spends per float32 exp of our vectorized polynomial
+  (``schedules/fast_math``), in registers and L1: ``x = exp(-x)`` swept over a slice of a few
+  KiB per core, less the same sweep of ``x = 0.5 - 0.5 x``. The cost models price math calls in
+  units of it (``schedules.math_calls.MATH_COST``); the FMA peak does not tell it, as the
+  polynomial's rounding, shifts and selects are no FMAs.
 - ``launch_s``: a Relax VM function calling N tiny ``call_tir`` kernels vs one:
   ``(t_N - t_1) / (N - 1)``. Measured for a parallel kernel (what scheduled kernels pay: VM
   dispatch + thread-pool fork/join) and a serial one (VM dispatch alone).
@@ -33,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, te, tirx
 from tvm.script import tirx as T
 
@@ -49,6 +55,8 @@ _DRAM_BYTES = {False: DRAM_STREAM_BYTES, True: 64 << 20}
 _STREAM_BYTES_PER_CALL = 64 << 20  # cache-sized streams sweep until ~this much moved
 _LAUNCH_KERNELS = 64  # N tiny kernels: t_N - t_1 must dwarf the timer noise (~1 us).
 _FMA_ACCUMULATORS = 12  # independent chains: > FMA latency (4) x pipes (2), < vector registers.
+_MATH_FLOATS_PER_CORE = 2048  # 8 KiB per core: resident in any L1d
+_MATH_CALLS_PER_CALL = 1 << 23  # exp calls per core per timed call: ~1 ms at 0.1 ns each
 
 
 def _median(rt_mod, name: str, args, repeat: int, min_repeat_ms: int) -> float:
@@ -165,6 +173,50 @@ def fp32_flops(lanes: int, cores: int, target, iters: int, repeat: int, ms: int)
     return flops / timer(repeat, ms)
 
 
+# ---------------------------------------------------------------------------- math calls
+def _math_kernel(per_core: int, lanes: int, cores: int, sweeps: int, exp: bool):
+    """``x = exp(-x)`` (``exp``) or ``x = 0.5 - 0.5 x`` in place over ``per_core`` floats per
+    core, ``sweeps`` times. Each lane's chain converges (to 0.567, 1/3), so no input leaves
+    the polynomial's range; a sweep's vectors are independent, so the time is throughput."""
+    n = per_core * cores
+
+    @T.prim_func
+    def math(x: T.Buffer((n,), "float32")):
+        T.func_attr({"tir.noalias": True})
+        for c in T.parallel(cores):
+            for _ in range(sweeps):
+                for i in range(per_core // lanes):
+                    for v in T.vectorized(lanes):
+                        x[c * per_core + i * lanes + v] = T.float32(0.5) - T.float32(0.5) * x[
+                            c * per_core + i * lanes + v]
+
+    if not exp:
+        return math
+
+    def to_exp(store):
+        return tirx.BufferStore(store.buffer, tirx.exp(-tirx.BufferLoad(store.buffer,
+                                                                        store.indices)),
+                                store.indices)
+
+    # The rule CostFuse's kernels get (schedules/fast_math) turns the call into its polynomial.
+    from ..schedules.fast_math import rewrite_calls
+    body = tvm_ffi.structural_map(math.body, (tirx.BufferStore, to_exp))
+    return math.with_body(rewrite_calls(body))
+
+
+def math_seconds(lanes: int, cores: int, target, repeat: int, ms: int) -> float:
+    """Seconds one core spends per vectorized float32 exp, beyond a multiply-add's sweep."""
+    per_core = _MATH_FLOATS_PER_CORE // lanes * lanes
+    sweeps = max(1, _MATH_CALLS_PER_CALL // per_core)
+    dev = tvm.cpu()
+    x = tvm.runtime.tensor(np.full(per_core * cores, 0.5, "float32"), dev)
+    times = {}
+    for exp in (True, False):
+        ex = _build(_math_kernel(per_core, lanes, cores, sweeps, exp), "math", target)
+        times[exp] = _median(ex.mod, "math", [x], repeat, ms)
+    return max(times[True] - times[False], 0.0) / (per_core * sweeps)
+
+
 # ---------------------------------------------------------------------------- launch cost
 def _tiny_kernel(parallel: bool, cores: int) -> tirx.PrimFunc:
     """y = x + 1 on 16 floats per core; when ``parallel``, split over ``cores`` threads.
@@ -253,6 +305,7 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
             timed("l3_bw", _stream_bandwidth, l3 // 4, lanes, cores, target, *plan)
         iters = 20_000 if quick else 100_000
         timed("fp32_flops", fp32_flops, lanes, cores, target, iters, *plan)
+        timed("math_s", math_seconds, lanes, cores, target, *plan)
         timed("launch_s", _launch_seconds, True, cores, target, *plan)
         timed("launch_s_serial", _launch_seconds, False, cores, target, *plan)
     finally:

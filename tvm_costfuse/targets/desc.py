@@ -14,6 +14,12 @@ import tvm
 
 CUDA, CPU = "cuda", "cpu"
 KiB, MiB = 1 << 10, 1 << 20
+#: FLOPs of a CPU's FMA peak that one vectorized float32 exp (``schedules/fast_math``) costs
+#: where ``math_s`` was not measured. ``calibrate.math_seconds`` against ``fp32_flops`` on one
+#: znver4 core (2026-12-07): 0.249 ns per exp at 116.6 GFLOP/s with AVX-512 code, 29 FLOPs;
+#: 52.8 with AVX2 code (the same peak, half the lanes per polynomial), 122 with SSE2 code (no
+#: FMA, floor a library call). The AVX-512 figure, rounded: a host calibrated once measures it.
+EXP_FLOPS = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +60,9 @@ class TargetDesc:
     cores: int = 0
     vector_bits: int = 0
     vector_regs: int = 0
+    # Seconds one core spends per vectorized float32 exp (``calibrate.math_seconds``); None:
+    # not measured (:meth:`exp_seconds` derives it).
+    math_s: float | None = None
     source: str = "datasheet"  # where the figures came from, e.g. "sysfs+calibrated"
 
     def __post_init__(self):
@@ -64,6 +73,16 @@ class TargetDesc:
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; dtypes without a figure use float32's."""
         return self.peak_flops.get(str(dtype), self.peak_flops["float32"])
+
+    def exp_seconds(self) -> float:
+        """Seconds one core (CPU) spends per float32 exp: ``math_s`` where measured, else
+        :data:`EXP_FLOPS` at the per-core FP32 peak. GPUs: 0, as nobody has timed their
+        special-function units here."""
+        if self.math_s is not None:
+            return self.math_s
+        if self.kind == CUDA:
+            return 0.0
+        return EXP_FLOPS / (self.peak("float32") / max(1, self.cores))
 
     @property
     def parallel_units(self) -> int:

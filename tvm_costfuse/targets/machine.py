@@ -36,11 +36,13 @@ _DEFAULT_LAUNCH_S = 1e-5
 # 2-vCPU Zen 4 (against 6.3 us for a parallel one); rounded up.
 _DEFAULT_LAUNCH_SERIAL_S = 2e-7
 # What a record's figures must be for the cost model to use them: bandwidths and FLOP/s divide
-# (> 0); launch costs add, and calibrate floors them at 0 when timer noise swamps one (>= 0).
-# l2_bw and l3_bw may be None (not measured); a figure a record leaves out keeps its default.
+# (> 0); launch costs and the seconds per exp add, and calibrate floors them at 0 when timer
+# noise swamps one (>= 0). l2_bw, l3_bw and math_s may be None (not measured; records from
+# before math_s lack it: ``TargetDesc.exp_seconds`` derives it from the peak); a figure a
+# record leaves out keeps its default.
 _POSITIVE_FIGURES = ("dram_bw", "fp32_flops", "l2_bw", "l3_bw")
-_LAUNCH_FIGURES = ("launch_s", "launch_s_serial")
-_OPTIONAL_FIGURES = ("l2_bw", "l3_bw")
+_NONNEGATIVE_FIGURES = ("launch_s", "launch_s_serial", "math_s")
+_OPTIONAL_FIGURES = ("l2_bw", "l3_bw", "math_s")
 
 _log = logging.getLogger(__name__)
 _noticed: set[str] = set()  # the notices given in this process (see _notice)
@@ -158,7 +160,7 @@ def _bad_figure(figures) -> str | None:
     times. None when every figure is usable."""
     if not isinstance(figures, Mapping):
         return f"figures = {figures!r}"
-    for name in _POSITIVE_FIGURES + _LAUNCH_FIGURES:
+    for name in _POSITIVE_FIGURES + _NONNEGATIVE_FIGURES:
         if name not in figures or (figures[name] is None and name in _OPTIONAL_FIGURES):
             continue
         value = figures[name]
@@ -193,6 +195,7 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         "launch_s_serial": _DEFAULT_LAUNCH_SERIAL_S,
         "l2_bw": None,
         "l3_bw": None,
+        "math_s": None,
     }
     record = _calibration_record(calibration, cores) if mcpu in (None, host_cpu()) else None
     figure_source = "default"
@@ -225,5 +228,6 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         cores=cores,
         vector_bits=bits,
         vector_regs=isa.vector_registers(target),
+        math_s=figures["math_s"],
         source=f"{caches['source']}+{figure_source}",
     )
