@@ -15,7 +15,9 @@ pipeline finds it (calibrated unless ``TVM_COSTFUSE_CALIBRATION=none``)::
 ``--builds N`` compiles each variant N times and times every build in the same interleaved
 rounds: two builds of one plan in one process can differ by 2% on a decode step, once by 18%
 (docs/log/2026-12-06g.md, 2026-12-06h.md), so a variant's time is the median of its builds'
-medians, and the spread between its fastest and slowest build is printed beside it.
+medians, and the spread between its fastest and slowest build is printed beside it. At 2+
+threads, samples taken with the CPUs apart are left out (``time_builds``; ``apart=`` says how
+many of the samples).
 """
 
 from __future__ import annotations
@@ -112,10 +114,12 @@ def main() -> None:
         scale = max(1e-30, float(np.abs(ref).max()))
         err = {label: max(float(np.abs(outs[f"{label}#{i}"] - ref).max()) / scale
                           for i in range(args.builds)) for label, _ in variants}
-        per_build, load = time_builds(builds, inputs, args.threads, args.repeat)
+        dropped: list[int] = []
+        per_build, load = time_builds(builds, inputs, args.threads, args.repeat, dropped)
         ms = {k: float(np.median(v)) for k, v in per_build.items()}
         spread = {k: max(v) / min(v) for k, v in per_build.items()}
         print(f"{name} threads={args.threads} builds={args.builds} load={load:.2f} "
+              f"apart={dropped[0]}/{args.repeat * sum(map(len, builds.values()))} "
               f"kernels={kernels} "
               + " ".join(f"{k}={v:.2f}ms" for k, v in ms.items())
               + " build spread " + " ".join(f"{k}={v:.3f}" for k, v in spread.items())

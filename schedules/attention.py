@@ -8,10 +8,14 @@ an input) is scheduled as
 Per (batch, head, block of ``rows`` query rows) the scores of those rows against every key are
 computed into a local buffer (register tile ``rows x lanes`` over the keys, scale and mask
 evaluated where the scores are read), then the row max and row sum (vector partials), the exp
-(vectorized by ``fast_math``) and the ``rows x cols`` output tile of P V in registers, where
-``P = exp * (1 / sum)`` is formed as it is read. Scores, exp and the row statistics never reach
-memory; ``rows`` is the P V register tile's (up to :data:`_MAX_SUBTILES` of them), cut down
-so the row block's buffers fit :data:`ROW_BLOCK_BYTES`, a share of L2.
+(vectorized by ``fast_math``), ``P = exp * (1 / sum)`` (vectorized) and the ``rows x cols``
+output tile of P V in registers, which broadcasts each P from the row block's buffer. Formed
+as P V read it, P cost a scalar multiply and a register broadcast per row and key, two
+FP-pipe slots per four FMAs: the kernel ran 1.04-1.11x slower on most prefill shapes at one
+thread, 1.36x at head dim 80 (docs/log/2026-12-07d.md). Scores, exp, P and the row
+statistics never reach memory; ``rows`` is the P V register tile's (up to
+:data:`_MAX_SUBTILES` of them), cut down so the row block's buffers fit
+:data:`ROW_BLOCK_BYTES`, a share of L2.
 
 The row block holds the whole key row, not a running (online) max over key blocks: one exact
 max saves the rescaling an online softmax pays per key block, and the buffers of a block of
@@ -70,7 +74,6 @@ from ._loops import (
 from .attention_decode import schedule_one_row
 from .attention_roles import (
     einsum,
-    inline_probabilities,
     last_index,
     loops_below,
     p_chain,
@@ -238,8 +241,9 @@ class Attention(SafeRule):
             tiles -= 1  # a whole number of row blocks where the register tile divides
         rows = sub * tiles
 
-        inline_probabilities(sch, p_load.source, chain)
-
+        # P stays a block of the chain, written per row block, not inlined into P V as
+        # ``attention_decode`` does: formed as P V reads it, each row's multiply and broadcast
+        # took two FP-pipe slots per four FMAs (module docstring).
         pv = sch.get_sblock(pv_name)
         loops = split_loops(sch, pv, roles.col, roles.row)
         if loops is None:

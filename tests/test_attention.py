@@ -116,6 +116,13 @@ def test_one_parallel_row_block_loop_with_local_buffers_and_vectors(target, form
     scores = [n for n in local if n.startswith("matmul_intermediate") and "_1" not in n]
     assert scores and all(local[n] == "local" for n in scores)  # the scores never reach memory
     assert all(local[n] == "local" for n in local if "softmax" in n)
+    # P V reads P from the row block's buffer: formed per read, it cost a multiply and a
+    # broadcast per row and key in the FMA loop
+    blocks = {}
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: blocks.update({b.name_hint: b})))
+    pv = next(b for n, b in blocks.items() if n.startswith("matmul1") and n.endswith("update"))
+    probabilities = [r.source.name for r in pv.reads if "softmax" in r.source.name]
+    assert len(probabilities) == 1 and local[probabilities[0]] == "local"
 
 
 @pytest.mark.parametrize(("shape", "form", "rows"), [

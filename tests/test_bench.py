@@ -155,3 +155,52 @@ def test_each_sample_of_ours_at_two_threads_is_probed(monkeypatch, tmp_path) -> 
     json.dumps(row)
     seconds = LaunchProbe(2)()  # the real probe builds and times a parallel launch
     assert 0 < seconds < 1e-3
+
+
+def test_build_timings_leave_out_samples_taken_apart(monkeypatch) -> None:
+    """``time_builds`` probes before each sample at 2 threads and leaves out of a build's
+    median the samples whose probe read apart, where near ones remain; at 1 thread nothing is
+    probed. A build sampled apart throughout keeps its samples: nothing near tells it."""
+    from tvm_costfuse.measurement import peers, placement
+
+    # Per build: (sample seconds, probe seconds before it), in the order they are taken.
+    plan = {"a#0": [(1.0, 1e-6), (9.0, 2e-6), (1.2, 1e-6)],
+            "b#0": [(2.0, 2e-6), (2.2, 2e-6), (2.4, 2e-6)]}
+    next_probe: list[float] = []
+
+    class _Probe:
+        def __init__(self, threads):
+            assert threads == 2
+
+        def __call__(self):
+            return next_probe.pop(0)
+
+    def sampler(key):
+        taken = iter(plan[key])
+
+        def sample():
+            seconds, probe = next(taken)
+            return seconds
+
+        return sample
+
+    def interleave(samplers, repeat):
+        out = {k: [] for k in samplers}
+        for r in range(repeat):
+            for k, s in samplers.items():
+                next_probe.append(plan[k][r][1])
+                out[k].append(s())
+        return out
+
+    builds = {"a": ["a0"], "b": ["b0"]}
+    monkeypatch.setattr(placement, "LaunchProbe", _Probe)
+    monkeypatch.setattr(peers, "vm_sampler", lambda ex, _inputs: sampler(f"{ex[0]}#0"))
+    monkeypatch.setattr(peers, "with_threads", lambda s, _t: s)
+    monkeypatch.setattr(peers, "interleave", interleave)
+    dropped: list[int] = []
+    ms, _ = peers.time_builds(builds, {}, 2, 3, dropped)
+    assert dropped == [1]  # a's second sample: probe 2x the fastest
+    assert ms["a"] == [1.1e3]  # the median of the two near samples, in ms
+    assert ms["b"] == [2.2e3]  # apart throughout: every sample kept
+    ms, _ = peers.time_builds(builds, {}, 1, 3, dropped)
+    assert dropped == [1, 0] and ms["a"] == [1.2e3]  # one thread: no probe, nothing left out

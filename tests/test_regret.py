@@ -146,7 +146,7 @@ def _fake_rounds(round2: dict[str, float], fresh: dict[str, float]):
     ``round2`` in the second round and ``fresh`` in the third; plans not named run 1.5."""
     calls = []
 
-    def fake(every, _inputs, _threads, _repeat):
+    def fake(every, _inputs, _threads, _repeat, _apart=None):
         calls.append({k: len(v) for k, v in every.items()})
         factor = round2 if len(calls) == 1 else fresh
         return ({k: [factor.get(k, 1.5) * (1 + 0.01 * b) for b in range(len(v))]

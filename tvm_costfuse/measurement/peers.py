@@ -47,18 +47,54 @@ def with_threads(sample: Callable[[], float], threads: int) -> Callable[[], floa
     return timed
 
 
-def time_builds(builds: dict[str, list], inputs, threads: int, repeat: int
-                ) -> tuple[dict[str, list[float]], float]:
+def time_builds(builds: dict[str, list], inputs, threads: int, repeat: int,
+                dropped: list[int] | None = None) -> tuple[dict[str, list[float]], float]:
     """Every build of every variant (``{variant: [executable, ...]}``) timed in the same
     interleaved rounds at ``threads`` threads: per variant, each build's median (ms), and the
     cores other processes used meanwhile. Builds of one plan differ (where each library lands
-    in memory), so a variant's time is read over its builds, not from one."""
+    in memory), so a variant's time is read over its builds, not from one.
+
+    At 2+ threads a launch probe (``placement``) runs before each sample, and a build's
+    samples taken with the CPUs apart are left out of its median where samples taken near
+    remain: a stretch apart slows plans of many small kernels more than others, so it does
+    not cancel across the columns of a round. ``dropped`` (where given) gets how many were
+    left out. A run spent apart throughout keeps every sample (no near probe to tell it)."""
     thread_pool(threads)
+    samplers = {f"{k}#{b}": with_threads(vm_sampler(ex, inputs), threads)
+                for k, exs in builds.items() for b, ex in enumerate(exs)}
+    probes: dict[str, list[float]] = {}
+    if threads >= 2:
+        from .placement import LaunchProbe, probed  # placement imports this module
+
+        probe = LaunchProbe(threads)
+        samplers = {key: probed(s, probe, probes.setdefault(key, []))
+                    for key, s in samplers.items()}
     with OtherLoad() as load:
-        got = interleave({f"{k}#{b}": with_threads(vm_sampler(ex, inputs), threads)
-                          for k, exs in builds.items() for b, ex in enumerate(exs)}, repeat)
+        got = interleave(samplers, repeat)
+    got, left_out = _near_samples(got, probes)
+    if dropped is not None:
+        dropped.append(left_out)
     return ({k: [float(np.median(got[f"{k}#{b}"])) * 1e3 for b in range(len(exs))]
              for k, exs in builds.items()}, load.cores)
+
+
+def _near_samples(samples: dict[str, list[float]], probes: dict[str, list[float]]
+                  ) -> tuple[dict[str, list[float]], int]:
+    """``samples`` without those whose probe read apart (``placement.APART_RATIO`` times the
+    run's fastest probe), per key where any near one remains; and how many were left out."""
+    from .placement import APART_RATIO
+
+    fastest = min((min(p) for p in probes.values() if p), default=0.0)
+    kept, left_out = {}, 0
+    for key, xs in samples.items():
+        near = [x for x, p in zip(xs, probes.get(key, ()), strict=False)
+                if p <= APART_RATIO * fastest]
+        if key in probes and near:
+            left_out += len(xs) - len(near)
+            kept[key] = near
+        else:
+            kept[key] = xs
+    return kept, left_out
 
 
 def eager_sampler(call: Callable[[], object], threads: int) -> Callable[[], float]:

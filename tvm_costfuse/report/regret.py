@@ -266,7 +266,8 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
                          "output's scale off no fusion")
     every = {k: v for k, v in every.items() if k not in dropped}  # a wrong plan is no best
     say(f"timing round 2 ({builds} build(s) per plan)")
-    build_ms, load2 = time_builds(every, inputs, threads, repeat)
+    apart: list[int] = []  # samples taken with the CPUs apart, left out (2+ threads)
+    build_ms, load2 = time_builds(every, inputs, threads, repeat, apart)
     every.clear()
     ms = {k: float(np.median(v)) for k, v in build_ms.items()}
     pick = min(ms, key=ms.get)
@@ -285,9 +286,10 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
            "dropped": dropped, "pick": pick, "regret": ms["costfuse"] / ms[pick], "best": pick,
            "regions": regions, "combined": len(kept), "left_out": left_out,
            "max_err": max(errors.values()), "costfuse_ms_round1": base * 1e3,
-           "other_load": (load.cores, load2, load_r), "confirmed": None}
+           "other_load": (load.cores, load2, load_r), "confirmed": None, "apart": apart}
     others = sorted((k for k in ms if k != "costfuse"), key=ms.get)
     if not confirm or not others:
+        say(f"left out {sum(apart)} sample(s) taken with the CPUs apart")
         return row
     # CostFuse's plan against the fastest other: a round-2 win is confirmed as a loss is
     rival = others[0]
@@ -302,7 +304,8 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     if not wrong[rival] <= SCALED_TOLERANCE:
         row["dropped"] = {**dropped, rival: f"{wrong[rival]:.1e} off (fresh build)"}
         return row  # that plan is no best: round 2's figure stands against the rest
-    conf_ms, load3 = time_builds(fresh, inputs, threads, repeat)
+    conf_ms, load3 = time_builds(fresh, inputs, threads, repeat, apart)
+    say(f"left out {sum(apart)} sample(s) taken with the CPUs apart")
     ratio = float(np.median(conf_ms["costfuse"]) / np.median(conf_ms[rival]))
     row["confirmed"] = {"rival": rival, "build_ms": conf_ms, "ratio": ratio,
                         "other_load": load3,
