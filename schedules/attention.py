@@ -128,8 +128,9 @@ def _claims_attention(f, kind: str) -> bool:
 # 0.55 splits every prefill attention, which measured split / fused 0.98-1.00 at 1 thread and
 # 1.00-1.03 at 2 (bert, vit_b_16, gpt2; docs/log/2026-12-06g.md). Since the host's exp is
 # measured (``calibrate.math_seconds``; the constant before it was 7x high and over-priced the
-# split softmax 2-3x) the card prices the fused kernel below what it runs alone, 0.76-1.03 of
-# its time on eight prefill shapes. A card fitted to it alone (the GEMM rule's share for each
+# split softmax 2-3x) the card prices the fused kernel (P written per row block) at 0.95-1.02
+# of what it runs alone where the key rows are whole vectors, 0.66-0.79 where they are ragged
+# (eight prefill shapes, 1 thread). A card fitted to it alone (the GEMM rule's share for each
 # contraction's geometry, a ragged key row's max and sum as scalar chains: 0.93-1.06) split
 # the ragged heads and BERT's and GPT-2's, and ran 0.990-1.018x this card's plans at 1 thread
 # and 0.980-0.998x at 2 end to end (segformer, vit_b_16, bert, swin_t, gpt2; znver4,
