@@ -1,7 +1,7 @@
 """Per-element cost of each math call in a scheduled CPU kernel, vectorized and libm.
 
-Why: ``schedules/math_calls.MATH_COST`` prices math calls relative to exp, and
-``cost/analytical._CPU_MATH_CORE_SECONDS`` gives exp's time per call. This builds one single-op
+Why: ``schedules/math_calls.MATH_COST`` prices math calls relative to exp, and the host's
+exp (``TargetDesc.exp_seconds``, ``calibrate.math_seconds``) gives exp's time per call. This builds one single-op
 kernel per op over ``--elems`` float32 elements with our CPU schedules, with the vectorized
 math (``schedules/fast_math``) and without it, times all of them interleaved in one process
 (``timing.interleaved_samples``) and prints the median machine-wide ns per element, next to an

@@ -16,8 +16,8 @@ pipeline finds it (calibrated unless ``TVM_COSTFUSE_CALIBRATION=none``)::
 rounds: two builds of one plan in one process can differ by 2% on a decode step, once by 18%
 (docs/log/2026-12-06g.md, 2026-12-06h.md), so a variant's time is the median of its builds'
 medians, and the spread between its fastest and slowest build is printed beside it. At 2+
-threads, samples taken with the CPUs apart are left out (``time_builds``; ``apart=`` says how
-many of the samples).
+threads, the rounds in which a sample was taken with the CPUs apart are left out
+(``time_builds``; ``apart=`` says how many samples).
 """
 
 from __future__ import annotations

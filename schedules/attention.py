@@ -11,8 +11,8 @@ evaluated where the scores are read), then the row max and row sum (vector parti
 (vectorized by ``fast_math``), ``P = exp * (1 / sum)`` (vectorized) and the ``rows x cols``
 output tile of P V in registers, which broadcasts each P from the row block's buffer. Formed
 as P V read it, P cost a scalar multiply and a register broadcast per row and key, two
-FP-pipe slots per four FMAs: the kernel ran 1.04-1.11x slower on most prefill shapes at one
-thread, 1.36x at head dim 80 (docs/log/2026-12-07d.md). Scores, exp, P and the row
+FP-pipe slots per four FMAs: the kernel ran 1.05-1.11x slower on most prefill shapes at one
+thread, 1.39x at head dim 80 (docs/log/2026-12-07d.md). Scores, exp, P and the row
 statistics never reach memory; ``rows`` is the P V register tile's (up to
 :data:`_MAX_SUBTILES` of them), cut down so the row block's buffers fit
 :data:`ROW_BLOCK_BYTES`, a share of L2.
@@ -93,7 +93,7 @@ from .reduction import REDUCTION_CARD, _vector_rfactor, reciprocal_divisions
 #: L2; at 2048 keys 128 KiB-1 MiB ran alike; at 197-1280 keys 1 MiB ran 1.05-1.14x faster
 #: than a 32 KiB (L1) share.
 ROW_BLOCK_BYTES = 1024 * 1024
-#: Row-block buffers of ``rows x keys`` elements (scores, exp, and P where it is not inlined).
+#: Row-block buffers of ``rows x keys`` elements (scores, exp and P).
 _ROW_BUFFERS = 3
 #: Fewest query rows a block must hold: K^T is read once per block (at 4096 keys 4-row
 #: blocks ran at the split kernels' speed, 1-row blocks 2.0-2.1x slower; at 16384 causal keys
@@ -130,12 +130,13 @@ def _claims_attention(f, kind: str) -> bool:
 # measured (``calibrate.math_seconds``; the constant before it was 7x high and over-priced the
 # split softmax 2-3x) the card prices the fused kernel (P written per row block) at 0.95-1.02
 # of what it runs alone where the key rows are whole vectors, 0.66-0.79 where they are ragged
-# (eight prefill shapes, 1 thread). A card fitted to it alone (the GEMM rule's share for each
-# contraction's geometry, a ragged key row's max and sum as scalar chains: 0.93-1.06) split
-# the ragged heads and BERT's and GPT-2's, and ran 0.990-1.018x this card's plans at 1 thread
-# and 0.980-0.998x at 2 end to end (segformer, vit_b_16, bert, swin_t, gpt2; znver4,
-# docs/log/2026-12-07d.md): in a model the split kernels lose more than they do alone, so
-# the card is judged by the plans it makes, and stays.
+# (eight prefill shapes, 1 thread). A card fitted to the kernel alone as it was before, with P
+# formed per read (the GEMM rule's share for each contraction's geometry, a ragged key row's
+# max and sum as scalar chains: 0.93-1.06), split the ragged heads, regrouped BERT's and
+# GPT-2's as [Q K^T, scale, mask] [softmax, P V], and ran 0.990-1.018x this card's plans at
+# 1 thread and 0.980-0.998x at 2 end to end (segformer, vit_b_16, bert, swin_t, gpt2; znver4,
+# docs/log/2026-12-07d.md): in a model splitting gained less than it does alone, and lost at
+# 2 threads, so the card is judged by the plans it makes, and stays.
 # One query row per head (a decode step; ``attention_decode.py``) is priced at 0.55, which it
 # does not reach either: per layer at 1 thread it ran 6.2-7.6x slower than this compute term
 # on qwen2 (128 and 1024 past) and falcon, 8-9x with memory on opt and gpt2 (znver4,

@@ -2,8 +2,8 @@
 ``attention_decode.py``).
 
 Predicates read the schedule's IR; :func:`last_index` (a layout transform) and
-:func:`inline_probabilities` (an inline, for the one-row kernel) are the only ones that change it, both through the
-schedule, whose own checks raise instead of producing a wrong program.
+:func:`inline_probabilities` (an inline, for the one-row kernel) are the only ones that change
+it, both through the schedule, whose own checks raise instead of producing a wrong program.
 """
 
 from __future__ import annotations

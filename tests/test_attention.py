@@ -123,6 +123,14 @@ def test_one_parallel_row_block_loop_with_local_buffers_and_vectors(target, form
     pv = next(b for n, b in blocks.items() if n.startswith("matmul1") and n.endswith("update"))
     probabilities = [r.source.name for r in pv.reads if "softmax" in r.source.name]
     assert len(probabilities) == 1 and local[probabilities[0]] == "local"
+    writer = next(n for n, b in blocks.items()
+                  if any(w.source.name == probabilities[0] for w in b.writes))
+    in_vectors = set()
+    for lp in loops:
+        if lp.kind == tirx.ForKind.VECTORIZED:
+            tvm_ffi.structural_walk(lp.body, (s_tir.SBlock, lambda b: in_vectors.add(
+                b.name_hint)))
+    assert writer in in_vectors  # P is written a vector at a time
 
 
 @pytest.mark.parametrize(("shape", "form", "rows"), [

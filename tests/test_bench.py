@@ -4,6 +4,7 @@ scripts); what is asserted is that every column ran and computed the model."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_export import _net_and_input
 
@@ -157,15 +158,16 @@ def test_each_sample_of_ours_at_two_threads_is_probed(monkeypatch, tmp_path) -> 
     assert 0 < seconds < 1e-3
 
 
-def test_build_timings_leave_out_samples_taken_apart(monkeypatch) -> None:
-    """``time_builds`` probes before each sample at 2 threads and leaves out of a build's
-    median the samples whose probe read apart, where near ones remain; at 1 thread nothing is
-    probed. A build sampled apart throughout keeps its samples: nothing near tells it."""
+def test_build_timings_leave_out_rounds_taken_apart(monkeypatch) -> None:
+    """``time_builds`` probes before each sample at 2 threads and leaves out the rounds in
+    which any sample's probe read apart, for every build alike (a stretch apart slows some
+    plans more than others); at 1 thread nothing is probed. Where every round read apart,
+    all are kept: nothing near tells it."""
     from tvm_costfuse.measurement import peers, placement
 
     # Per build: (sample seconds, probe seconds before it), in the order they are taken.
     plan = {"a#0": [(1.0, 1e-6), (9.0, 2e-6), (1.2, 1e-6)],
-            "b#0": [(2.0, 2e-6), (2.2, 2e-6), (2.4, 2e-6)]}
+            "b#0": [(2.0, 1e-6), (2.2, 1e-6), (2.4, 1e-6)]}
     next_probe: list[float] = []
 
     class _Probe:
@@ -177,12 +179,7 @@ def test_build_timings_leave_out_samples_taken_apart(monkeypatch) -> None:
 
     def sampler(key):
         taken = iter(plan[key])
-
-        def sample():
-            seconds, probe = next(taken)
-            return seconds
-
-        return sample
+        return lambda: next(taken)[0]
 
     def interleave(samplers, repeat):
         out = {k: [] for k in samplers}
@@ -192,15 +189,21 @@ def test_build_timings_leave_out_samples_taken_apart(monkeypatch) -> None:
                 out[k].append(s())
         return out
 
-    builds = {"a": ["a0"], "b": ["b0"]}
-    monkeypatch.setattr(placement, "LaunchProbe", _Probe)
-    monkeypatch.setattr(peers, "vm_sampler", lambda ex, _inputs: sampler(f"{ex[0]}#0"))
+    builds = {"a": ["a"], "b": ["b"]}
+    monkeypatch.setattr(peers, "LaunchProbe", _Probe)
+    monkeypatch.setattr(peers, "vm_sampler", lambda ex, _inputs: sampler(f"{ex}#0"))
     monkeypatch.setattr(peers, "with_threads", lambda s, _t: s)
     monkeypatch.setattr(peers, "interleave", interleave)
     dropped: list[int] = []
     ms, _ = peers.time_builds(builds, {}, 2, 3, dropped)
-    assert dropped == [1]  # a's second sample: probe 2x the fastest
-    assert ms["a"] == [1.1e3]  # the median of the two near samples, in ms
-    assert ms["b"] == [2.2e3]  # apart throughout: every sample kept
+    assert dropped == [2]  # round 2 of both builds: a's probe 2x the fastest
+    assert ms["a"] == [pytest.approx(1.1e3)] and ms["b"] == [pytest.approx(2.2e3)]
+    next_probe.clear()
     ms, _ = peers.time_builds(builds, {}, 1, 3, dropped)
-    assert dropped == [1, 0] and ms["a"] == [1.2e3]  # one thread: no probe, nothing left out
+    assert dropped == [2, 0] and ms["a"] == [pytest.approx(1.2e3)]  # 1 thread: no probe
+    # every round apart against nothing faster, or nothing probed: every sample kept
+    same = {"a#0": [1.0, 2.0], "b#0": [3.0, 4.0]}
+    assert placement.near_rounds(same, {"a#0": [2e-6, 2e-6], "b#0": [2e-6, 2e-6]}) == (same, 0)
+    assert placement.near_rounds(same, {}) == (same, 0)
+    with pytest.raises(ValueError, match="probes for"):
+        placement.near_rounds(same, {"a#0": [1e-6]})

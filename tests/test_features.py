@@ -160,6 +160,8 @@ def test_math_work_makes_a_cpu_kernel_slower_and_leaves_cuda_as_it_was() -> None
         host = dataclasses.replace(HOST, math_s=exp_s)
         terms[exp_s] = (estimate(cos, host).breakdown["compute"]
                         - estimate(no_math, host).breakdown["compute"])
+    cores = HOST.cores
+    assert terms[1e-10] == pytest.approx(cos.math * 1e-10 / cores, rel=0.5)
     assert terms[3e-10] == pytest.approx(3 * terms[1e-10])
 
 

@@ -119,8 +119,8 @@ def test_quick_calibration_is_physical(calibrated):
     assert 1e8 <= desc.peak("float32") <= 1e13, figures
     assert 1e-8 <= desc.launch_s <= 1e-2, figures
     assert desc.l2_bw > 0.5e9
-    # One vectorized exp per core: tens of FMA-peak FLOPs (29 with AVX-512 code, 53 with AVX2
-    # on znver4), never the 1.74 ns of a DRAM-bound kernel the constant before it timed.
+    # One vectorized exp per core: tens of FMA-peak FLOPs (29 with AVX-512 code, 53 with AVX2,
+    # 122 with SSE2 on znver4), not the hundreds a kernel streaming from DRAM would read.
     per_core_peak = desc.peak("float32") / desc.cores
     assert desc.math_s is not None and desc.exp_seconds() == desc.math_s
     assert 5 <= desc.math_s * per_core_peak <= 300, desc.math_s * per_core_peak

@@ -43,8 +43,8 @@ from tvm import relax, te, tirx
 from tvm.script import tirx as T
 
 from .. import targets
-from .peers import thread_pool
 from .quiet import OtherLoad
+from .timing import thread_pool
 
 DEFAULT_PATH = targets.CALIBRATION_PATH
 
@@ -56,7 +56,7 @@ _STREAM_BYTES_PER_CALL = 64 << 20  # cache-sized streams sweep until ~this much 
 _LAUNCH_KERNELS = 64  # N tiny kernels: t_N - t_1 must dwarf the timer noise (~1 us).
 _FMA_ACCUMULATORS = 12  # independent chains: > FMA latency (4) x pipes (2), < vector registers.
 _MATH_FLOATS_PER_CORE = 2048  # 8 KiB per core: resident in any L1d
-_MATH_CALLS_PER_CALL = 1 << 23  # exp calls per core per timed call: ~1 ms at 0.1 ns each
+_MATH_CALLS_PER_CALL = 1 << 23  # exp calls per core per timed call: ~2 ms at 0.25 ns each
 
 
 def _median(rt_mod, name: str, args, repeat: int, min_repeat_ms: int) -> float:
@@ -204,8 +204,9 @@ def _math_kernel(per_core: int, lanes: int, cores: int, sweeps: int, exp: bool):
     return math.with_body(rewrite_calls(body))
 
 
-def math_seconds(lanes: int, cores: int, target, repeat: int, ms: int) -> float:
-    """Seconds one core spends per vectorized float32 exp, beyond a multiply-add's sweep."""
+def math_seconds(lanes: int, cores: int, target, repeat: int, ms: int) -> float | None:
+    """Seconds one core spends per vectorized float32 exp, beyond a multiply-add's sweep; None
+    where timer noise left no difference (the record then derives it, ``exp_seconds``)."""
     per_core = _MATH_FLOATS_PER_CORE // lanes * lanes
     sweeps = max(1, _MATH_CALLS_PER_CALL // per_core)
     dev = tvm.cpu()
@@ -214,7 +215,8 @@ def math_seconds(lanes: int, cores: int, target, repeat: int, ms: int) -> float:
     for exp in (True, False):
         ex = _build(_math_kernel(per_core, lanes, cores, sweeps, exp), "math", target)
         times[exp] = _median(ex.mod, "math", [x], repeat, ms)
-    return max(times[True] - times[False], 0.0) / (per_core * sweeps)
+    extra = times[True] - times[False]
+    return extra / (per_core * sweeps) if extra > 0 else None
 
 
 # ---------------------------------------------------------------------------- launch cost

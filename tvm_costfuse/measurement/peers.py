@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import tvm
 
+from .placement import LaunchProbe, near_rounds, probed
 from .quiet import OtherLoad
-from .timing import call_sampler, interleave, vm_sampler
+from .timing import call_sampler, interleave, thread_pool, vm_sampler
 
 __all__ = ["SAMPLE_MS", "SETTLE_S", "compiled_call", "eager_sampler", "first_output",
            "ort_session", "thread_pool", "with_threads"]
@@ -30,11 +30,6 @@ SAMPLE_MS = 50
 #: 128 past 6.33 against 2.16 ms, gpt2 1024 8.03 against 2.42; znver4, 2026-12-06), slower
 #: than at 1 thread; 0.3 s lets every pool park.
 SETTLE_S = 0.3
-
-
-def thread_pool(threads: int) -> None:
-    """Size TVM's CPU thread pool (mode 1 = "big" cores: all of them on a symmetric CPU)."""
-    tvm.get_global_func("runtime.config_threadpool")(1, threads)
 
 
 def with_threads(sample: Callable[[], float], threads: int) -> Callable[[], float]:
@@ -54,47 +49,26 @@ def time_builds(builds: dict[str, list], inputs, threads: int, repeat: int,
     cores other processes used meanwhile. Builds of one plan differ (where each library lands
     in memory), so a variant's time is read over its builds, not from one.
 
-    At 2+ threads a launch probe (``placement``) runs before each sample, and a build's
-    samples taken with the CPUs apart are left out of its median where samples taken near
-    remain: a stretch apart slows plans of many small kernels more than others, so it does
-    not cancel across the columns of a round. ``dropped`` (where given) gets how many were
-    left out. A run spent apart throughout keeps every sample (no near probe to tell it)."""
+    At 2+ threads a launch probe (``placement``) runs before each sample, and the rounds in
+    which any sample was taken with the CPUs apart are left out: a stretch apart slows plans of
+    many small kernels more than others, so it does not cancel across a round's columns.
+    ``dropped`` (where given) gets how many samples were left out. A run apart throughout
+    keeps every round (no near probe to tell it)."""
     thread_pool(threads)
     samplers = {f"{k}#{b}": with_threads(vm_sampler(ex, inputs), threads)
                 for k, exs in builds.items() for b, ex in enumerate(exs)}
     probes: dict[str, list[float]] = {}
     if threads >= 2:
-        from .placement import LaunchProbe, probed  # placement imports this module
-
         probe = LaunchProbe(threads)
         samplers = {key: probed(s, probe, probes.setdefault(key, []))
                     for key, s in samplers.items()}
     with OtherLoad() as load:
         got = interleave(samplers, repeat)
-    got, left_out = _near_samples(got, probes)
+    got, left_out = near_rounds(got, probes)
     if dropped is not None:
         dropped.append(left_out)
     return ({k: [float(np.median(got[f"{k}#{b}"])) * 1e3 for b in range(len(exs))]
              for k, exs in builds.items()}, load.cores)
-
-
-def _near_samples(samples: dict[str, list[float]], probes: dict[str, list[float]]
-                  ) -> tuple[dict[str, list[float]], int]:
-    """``samples`` without those whose probe read apart (``placement.APART_RATIO`` times the
-    run's fastest probe), per key where any near one remains; and how many were left out."""
-    from .placement import APART_RATIO
-
-    fastest = min((min(p) for p in probes.values() if p), default=0.0)
-    kept, left_out = {}, 0
-    for key, xs in samples.items():
-        near = [x for x, p in zip(xs, probes.get(key, ()), strict=False)
-                if p <= APART_RATIO * fastest]
-        if key in probes and near:
-            left_out += len(xs) - len(near)
-            kept[key] = near
-        else:
-            kept[key] = xs
-    return kept, left_out
 
 
 def eager_sampler(call: Callable[[], object], threads: int) -> Callable[[], float]:

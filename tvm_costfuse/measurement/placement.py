@@ -25,9 +25,9 @@ from tvm import relax
 
 from ..targets import host_target
 from .calibrate import chain_module
-from .peers import thread_pool
+from .timing import thread_pool
 
-__all__ = ["APART_RATIO", "LaunchProbe", "apart", "probed"]
+__all__ = ["APART_RATIO", "LaunchProbe", "apart", "near_rounds", "probed"]
 
 #: A probe this much slower than the fastest one reads "apart" (the two placements'
 #: means 1.9x apart; near launches 0.89 us at the fastest, far ones 1.58 us at the fastest).
@@ -68,3 +68,24 @@ def apart(probes: list[float], fastest: float) -> int:
     """How many of ``probes`` read as taken with the CPUs apart, against the ``fastest`` probe
     at that thread count."""
     return sum(p > APART_RATIO * fastest for p in probes)
+
+
+def near_rounds(samples: dict[str, list[float]], probes: dict[str, list[float]]
+                ) -> tuple[dict[str, list[float]], int]:
+    """``samples`` (per key, one per interleaved round) without the rounds in which any probe
+    read apart against the fastest of all ``probes`` (each key's probes in its samples'
+    order), and how many samples were left out. Whole rounds go, so every key keeps the same
+    rounds; where every round read apart, or nothing was probed, all are kept."""
+    for key, p in probes.items():
+        if len(p) != len(samples[key]):
+            raise ValueError(f"{key}: {len(p)} probes for {len(samples[key])} samples")
+    if not any(probes.values()):
+        return samples, 0
+    fastest = min(min(p) for p in probes.values() if p)
+    rounds = len(next(iter(samples.values())))
+    far = {r for p in probes.values() for r, t in enumerate(p) if t > APART_RATIO * fastest}
+    keep = [r for r in range(rounds) if r not in far]
+    if not keep or len(keep) == rounds:
+        return samples, 0
+    return ({k: [xs[r] for r in keep] for k, xs in samples.items()},
+            (rounds - len(keep)) * len(samples))

@@ -107,6 +107,11 @@ def interleaved_medians(
 Sampler = Callable[[], float]
 
 
+def thread_pool(threads: int) -> None:
+    """Size TVM's CPU thread pool (mode 1 = "big" cores: all of them on a symmetric CPU)."""
+    tvm.get_global_func("runtime.config_threadpool")(1, threads)
+
+
 def vm_sampler(ex: tvm.runtime.Executable, inputs: Mapping[str, np.ndarray], device=None,
                min_ms: int = 50) -> Sampler:
     """A callable taking one timing sample (seconds per call) of ``ex``'s ``main``: one

@@ -266,7 +266,7 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
                          "output's scale off no fusion")
     every = {k: v for k, v in every.items() if k not in dropped}  # a wrong plan is no best
     say(f"timing round 2 ({builds} build(s) per plan)")
-    apart: list[int] = []  # samples taken with the CPUs apart, left out (2+ threads)
+    apart: list[int] = []  # samples of rounds taken with the CPUs apart, left out (2+ threads)
     build_ms, load2 = time_builds(every, inputs, threads, repeat, apart)
     every.clear()
     ms = {k: float(np.median(v)) for k, v in build_ms.items()}
@@ -303,6 +303,7 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
                          "output's scale off no fusion")
     if not wrong[rival] <= SCALED_TOLERANCE:
         row["dropped"] = {**dropped, rival: f"{wrong[rival]:.1e} off (fresh build)"}
+        say(f"left out {sum(apart)} sample(s) taken with the CPUs apart")
         return row  # that plan is no best: round 2's figure stands against the rest
     conf_ms, load3 = time_builds(fresh, inputs, threads, repeat, apart)
     say(f"left out {sum(apart)} sample(s) taken with the CPUs apart")

@@ -36,12 +36,12 @@ _DEFAULT_LAUNCH_S = 1e-5
 # 2-vCPU Zen 4 (against 6.3 us for a parallel one); rounded up.
 _DEFAULT_LAUNCH_SERIAL_S = 2e-7
 # What a record's figures must be for the cost model to use them: bandwidths and FLOP/s divide
-# (> 0); launch costs and the seconds per exp add, and calibrate floors them at 0 when timer
-# noise swamps one (>= 0). l2_bw, l3_bw and math_s may be None (not measured; records from
-# before math_s lack it: ``TargetDesc.exp_seconds`` derives it from the peak); a figure a
-# record leaves out keeps its default.
-_POSITIVE_FIGURES = ("dram_bw", "fp32_flops", "l2_bw", "l3_bw")
-_NONNEGATIVE_FIGURES = ("launch_s", "launch_s_serial", "math_s")
+# (> 0), and an exp that cost nothing would make every math call free (> 0); launch costs add,
+# and calibrate floors them at 0 when timer noise swamps one (>= 0). l2_bw, l3_bw and math_s
+# may be None (not measured; records from before math_s lack it: ``TargetDesc.exp_seconds``
+# derives it from the peak); a figure a record leaves out keeps its default.
+_POSITIVE_FIGURES = ("dram_bw", "fp32_flops", "l2_bw", "l3_bw", "math_s")
+_NONNEGATIVE_FIGURES = ("launch_s", "launch_s_serial")
 _OPTIONAL_FIGURES = ("l2_bw", "l3_bw", "math_s")
 
 _log = logging.getLogger(__name__)
