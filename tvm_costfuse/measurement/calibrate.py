@@ -43,6 +43,7 @@ from tvm import relax, te, tirx
 from tvm.script import tirx as T
 
 from .. import targets
+from ..schedules.fast_math import rewrite_calls
 from .quiet import OtherLoad
 from .timing import thread_pool
 
@@ -199,7 +200,6 @@ def _math_kernel(per_core: int, lanes: int, cores: int, sweeps: int, exp: bool):
                                 store.indices)
 
     # The rule CostFuse's kernels get (schedules/fast_math) turns the call into its polynomial.
-    from ..schedules.fast_math import rewrite_calls
     body = tvm_ffi.structural_map(math.body, (tirx.BufferStore, to_exp))
     return math.with_body(rewrite_calls(body))
 
