@@ -148,14 +148,57 @@ def test_each_sample_of_ours_at_two_threads_is_probed(monkeypatch, tmp_path) -> 
         def __call__(self):
             return 1e-6
 
-    monkeypatch.setattr(bench_mod, "LaunchProbe", _Probe)
+    monkeypatch.setattr(bench_mod, "launch_probe", _Probe)
     row = bench_mod.bench(bench_mod.workload("mlp_gelu", small=True), [1, 2], repeat=2,
                           tmp=str(tmp_path), ours=("tvm", "costfuse"), peers=())
     assert made == [2]
     assert row["probe_s"] == {"2": [1e-6] * 4}  # 2 rounds x 2 columns
+    assert "left_out" not in row
     json.dumps(row)
     seconds = LaunchProbe(2)()  # the real probe builds and times a parallel launch
     assert 0 < seconds < 1e-3
+
+
+def test_bench_leaves_out_rounds_taken_apart(monkeypatch, tmp_path) -> None:
+    """A round in which a probe before a sample of ours read apart is left out of every
+    column, peers' too (a stretch apart slows the columns unlike each other); the row and
+    the table say how many; the kept rounds' probes stay for the table's run-wide check."""
+    from tvm_costfuse.report import bench as bench_mod
+
+    # probes in the order taken: round 0 near, round 1 apart (tvm's sample), round 2 near
+    readings = iter([1e-6, 1e-6, 2e-6, 1e-6, 1e-6, 1.1e-6])
+    seconds = {"tvm@2": iter([1.0, 5.0, 1.2]), "costfuse@2": iter([0.9, 4.0, 1.1]),
+               "eager@2": iter([3.0, 9.0, 3.4])}
+
+    def interleave(samplers, repeat, *_args):
+        out = {k: [] for k in samplers}
+        for _ in range(repeat):
+            for k, sample in samplers.items():
+                sample()
+                out[k].append(next(seconds[k]))
+        return out
+
+    monkeypatch.setattr(bench_mod, "launch_probe", lambda _t: lambda: next(readings))
+    monkeypatch.setattr(bench_mod, "interleave", interleave)
+    monkeypatch.setattr(bench_mod, "eager_sampler", lambda _call, _t: lambda: 0.0)
+    monkeypatch.setattr(bench_mod, "vm_sampler", lambda *_a, **_k: lambda: 0.0)
+    w = bench_mod.workload("mlp_gelu", small=True)
+    assert w.eager is None  # no PyTorch form: stand one in that returns the reference
+    ref = bench_mod.run(bench_mod.tvm.compile(
+        w.mod, target=bench_mod.host_target(),
+        relax_pipeline=bench_mod.strategy_pipeline("none", bench_mod.host_target())),
+        w.inputs)[0]
+    w.eager = lambda: ref
+    row = bench_mod.bench(w, [2], repeat=3, tmp=str(tmp_path), ours=("tvm", "costfuse"),
+                          peers=("eager",))
+    assert row["left_out"] == {"2": 1}
+    assert row["ms"] == {"tvm@2": pytest.approx(1.1e3), "costfuse@2": pytest.approx(1.0e3),
+                         "eager@2": pytest.approx(3.2e3)}
+    assert row["probe_s"] == {"2": [1e-6, 1e-6, 1e-6, 1.1e-6]}
+    text = bench_mod.table([row], [2], ("tvm", "costfuse"), ("eager",))
+    assert "left out 1 round(s) @2" in _row(text, "mlp_gelu")["other load"]
+    assert any(ln.startswith("- left out (whole rounds") and ln.endswith(": mlp_gelu")
+               for ln in text.splitlines())
 
 
 def test_build_timings_leave_out_rounds_taken_apart(monkeypatch) -> None:
@@ -190,7 +233,7 @@ def test_build_timings_leave_out_rounds_taken_apart(monkeypatch) -> None:
         return out
 
     builds = {"a": ["a"], "b": ["b"]}
-    monkeypatch.setattr(peers, "LaunchProbe", _Probe)
+    monkeypatch.setattr(peers, "launch_probe", _Probe)
     monkeypatch.setattr(peers, "vm_sampler", lambda ex, _inputs: sampler(f"{ex}#0"))
     monkeypatch.setattr(peers, "with_threads", lambda s, _t: s)
     monkeypatch.setattr(peers, "interleave", interleave)

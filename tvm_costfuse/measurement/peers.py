@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .placement import LaunchProbe, near_rounds, probed
+from .placement import launch_probe, near_rounds, probed
 from .quiet import OtherLoad
 from .timing import call_sampler, interleave, thread_pool, vm_sampler
 
@@ -59,7 +59,7 @@ def time_builds(builds: dict[str, list], inputs, threads: int, repeat: int,
                 for k, exs in builds.items() for b, ex in enumerate(exs)}
     probes: dict[str, list[float]] = {}
     if threads >= 2:
-        probe = LaunchProbe(threads)
+        probe = launch_probe(threads)
         samplers = {key: probed(s, probe, probes.setdefault(key, []))
                     for key, s in samplers.items()}
     with OtherLoad() as load:

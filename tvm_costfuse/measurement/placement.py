@@ -27,7 +27,8 @@ from ..targets import host_target
 from .calibrate import chain_module
 from .timing import thread_pool
 
-__all__ = ["APART_RATIO", "LaunchProbe", "apart", "near_rounds", "probed"]
+__all__ = ["APART_RATIO", "LaunchProbe", "apart", "far_rounds", "launch_probe", "near_rounds",
+           "probed"]
 
 #: A probe this much slower than the fastest one reads "apart" (the two placements'
 #: means 1.9x apart; near launches 0.89 us at the fastest, far ones 1.58 us at the fastest).
@@ -54,6 +55,17 @@ class LaunchProbe:
         return min(self._timer(self._x).results) / _KERNELS
 
 
+_PROBES: dict[int, LaunchProbe] = {}
+
+
+def launch_probe(threads: int) -> LaunchProbe:
+    """This process's :class:`LaunchProbe` at ``threads`` threads, built once: a build costs
+    about a second, and ``costfuse regret`` and ``bench`` time several sets at one count."""
+    if threads not in _PROBES:
+        _PROBES[threads] = LaunchProbe(threads)
+    return _PROBES[threads]
+
+
 def probed(sample, probe: LaunchProbe, log: list[float]):
     """``sample`` with ``probe`` timed right before each call, its seconds appended to ``log``."""
 
@@ -70,6 +82,15 @@ def apart(probes: list[float], fastest: float) -> int:
     return sum(p > APART_RATIO * fastest for p in probes)
 
 
+def far_rounds(probes: dict[str, list[float]]) -> set[int]:
+    """The interleaved rounds (indices) in which any of ``probes`` (per key, one per round)
+    read apart against the fastest of them all; none where nothing was probed."""
+    if not any(probes.values()):
+        return set()
+    fastest = min(min(p) for p in probes.values() if p)
+    return {r for p in probes.values() for r, t in enumerate(p) if t > APART_RATIO * fastest}
+
+
 def near_rounds(samples: dict[str, list[float]], probes: dict[str, list[float]]
                 ) -> tuple[dict[str, list[float]], int]:
     """``samples`` (per key, one per interleaved round) without the rounds in which any probe
@@ -79,11 +100,8 @@ def near_rounds(samples: dict[str, list[float]], probes: dict[str, list[float]]
     for key, p in probes.items():
         if len(p) != len(samples[key]):
             raise ValueError(f"{key}: {len(p)} probes for {len(samples[key])} samples")
-    if not any(probes.values()):
-        return samples, 0
-    fastest = min(min(p) for p in probes.values() if p)
-    rounds = len(next(iter(samples.values())))
-    far = {r for p in probes.values() for r, t in enumerate(p) if t > APART_RATIO * fastest}
+    rounds = len(next(iter(samples.values()), []))
+    far = far_rounds(probes)
     keep = [r for r in range(rounds) if r not in far]
     if not keep or len(keep) == rounds:
         return samples, 0

@@ -15,12 +15,14 @@ machine is left idle for :data:`~..measurement.peers.SETTLE_S`, so that no runti
 spinning pool taxes the column after it.
 
 Each row records the cores other processes used while it was timed (``measurement.quiet``);
-a row above :data:`DISTURBED_CORES` is marked, to be rerun on a quiet machine.
+a row above :data:`DISTURBED_CORES` is marked, to be rerun on a quiet machine. At 2+ threads a
+launch probe runs before each sample of ours (``measurement.placement``), and the rounds in
+which one read apart (the two vCPUs on cores without a shared cache) are left out of every
+column, as ``time_builds`` leaves them out. The table is :mod:`.bench_table`'s.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -41,32 +43,22 @@ from ..measurement.peers import (
     thread_pool,
     with_threads,
 )
-from ..measurement.placement import LaunchProbe, apart, probed
+from ..measurement.placement import far_rounds, launch_probe, probed
 from ..measurement.quiet import OtherLoad
-from ..measurement.timing import (
-    SCALED_TOLERANCE,
-    call_sampler,
-    geomean,
-    interleave,
-    run,
-    scaled_error,
-    vm_sampler,
-)
+from ..measurement.timing import call_sampler, interleave, run, scaled_error, vm_sampler
 from ..strategies import strategy_pipeline, tir_pipeline
 from ..targets import host_target
+from .bench_table import DISTURBED_CORES, disturbed, speedup, table
 from .cells import is_shape_func
 
 __all__ = ["DEFAULT_PEERS", "DISTURBED_CORES", "OURS", "PEERS", "Workload", "bench", "disturbed",
-           "speedup", "table", "workload"]
+           "speedup", "table", "workload"]  # the table's names from ``bench_table``
 
 OURS = ("none", "tvm", "costfuse")
 PEERS = ("eager", "ort", "compile")
 #: The peers timed unless others are asked for (``compile`` spends minutes compiling a model).
 DEFAULT_PEERS = ("eager", "ort")
 _NO_TORCH = "no PyTorch form (a corpus name or a .pt2 has one)"
-# A row timed while other processes kept more than this many cores busy is marked: a 2-vCPU
-# host's 2-thread figures moved 2x under a short script elsewhere.
-DISTURBED_CORES = 0.1
 
 
 @dataclass
@@ -163,8 +155,8 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
         thread_pool(t)
         samplers: dict[str, Callable[[], float]] = {}
         # Before each sample of ours at 2+ threads: how near the CPUs sat (``placement``).
-        probe = LaunchProbe(t) if t > 1 else None
-        probes = row["probe_s"].setdefault(str(t), []) if probe else None
+        probe = launch_probe(t) if t > 1 else None
+        probes: dict[str, list[float]] = {}
         for s in ours:
             ex = tvm.compile(w.mod, target=target, relax_pipeline=strategy_pipeline(s, target),
                              tir_pipeline=tir_pipeline(s))
@@ -173,7 +165,8 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
             row["kernels"][s] = sum(not is_shape_func(c) for c in calls)
             row["err"][f"{s}@{t}"] = scaled_error(out[0], ref)
             sampler = with_threads(vm_sampler(ex, w.inputs, min_ms=SAMPLE_MS), t)
-            samplers[f"{s}@{t}"] = probed(sampler, probe, probes) if probe else sampler
+            samplers[f"{s}@{t}"] = (probed(sampler, probe, probes.setdefault(f"{s}@{t}", []))
+                                    if probe else sampler)
         if "eager" in peers and w.eager is not None:
             samplers[f"eager@{t}"] = eager_sampler(w.eager, t)
         if "compile" in peers and "compile" not in row["failed"]:
@@ -211,6 +204,8 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
             timed = interleave(samplers, repeat, SETTLE_S,
                                lambda k: "tvm" if k.split("@")[0] in ours else k)
         row["other_load"][str(t)] = load.cores
+        if probe:
+            timed = _near(row, t, timed, probes, repeat)
         for k, v in timed.items():
             row["ms"][k] = float(np.median(v)) * 1e3
         if timed_at is not None:
@@ -218,81 +213,17 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
     return row
 
 
-def _apart_samples(rows: list[dict]) -> list[dict[str, tuple[int, int]]]:
-    """Per row and thread count: (samples of ours taken apart, samples probed), against the
-    fastest probe of all ``rows`` at that thread count (rows of one host's run: rows read back
-    from another host's run would set another yardstick)."""
-    fastest: dict[str, float] = {}
-    for r in rows:
-        for t, probes in r.get("probe_s", {}).items():
-            if probes:
-                fastest[t] = min(min(probes), fastest.get(t, math.inf))
-    return [{t: (apart(p, fastest[t]), len(p)) for t, p in r.get("probe_s", {}).items() if p}
-            for r in rows]
-
-
-def _wrong(row: dict) -> set[str]:
-    """The columns whose output missed the reference by more than ``SCALED_TOLERANCE``."""
-    return {c for c, e in row.get("err", {}).items() if not e <= SCALED_TOLERANCE}
-
-
-def disturbed(row: dict) -> bool:
-    return max(row.get("other_load", {}).values(), default=math.nan) > DISTURBED_CORES
-
-
-def speedup(row: dict, num: str, den: str, threads: int) -> float | None:
-    """``den``'s ms over ``num``'s at ``threads`` (above 1: ``num`` is faster); None where
-    either column is missing or WRONG."""
-    a, b = f"{num}@{threads}", f"{den}@{threads}"
-    if a not in row.get("ms", {}) or b not in row["ms"] or _wrong(row) & {a, b}:
-        return None
-    return row["ms"][b] / row["ms"][a]
-
-
-def table(rows: list[dict], threads: list[int], ours=OURS, peers=DEFAULT_PEERS) -> str:
-    """The rows as one markdown table, then the marked rows, missing columns and geomeans."""
-    cols = [f"{c}@{t}" for t in threads for c in (*ours, *peers)]
-    head = ["model", "family", *(f"k {s}" for s in ours), *(f"{c} ms" for c in cols), "max err",
-            "other load"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    spread = _apart_samples(rows)
-    for r, by_t in zip(rows, spread, strict=True):
-        if "error" in r:
-            lines.append(f"| {r['model']} | {r.get('family', '')} | failed: {r['error']} |")
-            continue
-        loads = r.get("other_load", {})
-        load = " / ".join(f"{loads[t]:.2f}" for t in sorted(loads, key=int)) or "n/a"
-        load += "".join(f"; apart {n}/{of} @{t}" for t, (n, of) in by_t.items() if n)
-        cells = [r["model"] + (" (busy)" if disturbed(r) else ""), r["family"],
-                 *(str(r["kernels"].get(s, "-")) for s in ours),
-                 *(("WRONG " if c in _wrong(r) else "") + f"{r['ms'][c]:.3g}"
-                   if c in r["ms"] else "-" for c in cols),
-                 f"{max(r['err'].values()):.1e}", load]
-        lines.append("| " + " | ".join(cells) + " |")
-    ok = [r for r in rows if "error" not in r]
-    lines.append("")
-    busy = [r["model"] for r in ok if disturbed(r)]
-    if busy:
-        lines.append(f"- busy (other processes used > {DISTURBED_CORES} cores while the row "
-                     f"was timed; rerun on a quiet machine): {', '.join(busy)}")
-    far = [r["model"] for r, by_t in zip(rows, spread, strict=True)
-           if "error" not in r and any(n for n, _ in by_t.values())]
-    if far:
-        lines.append("- apart (samples of ours taken while the CPUs sat apart, a thread-pool "
-                     "launch well over the run's fastest: `measurement/placement.py`; such "
-                     f"samples can run 2x slower; rerun those cells): {', '.join(far)}")
-    for r in ok:
-        for column, why in r.get("failed", {}).items():
-            lines.append(f"- {r['model']}: no {column} column: {why}")
-        for column in sorted(_wrong(r)):
-            lines.append(f"- {r['model']}: {column} is WRONG: {r['err'][column]:.1e} of the "
-                         f"output's scale from the reference (left out of the geomeans)")
-    for t in threads:
-        for num in [s for s in ours if s.startswith("costfuse")]:
-            for den in [s for s in (*ours, *peers) if s != num and not s.startswith("costfuse")]:
-                ratios = [x for r in ok if (x := speedup(r, num, den, t)) is not None]
-                if ratios:
-                    lines.append(f"- {t} thread(s): {num} speedup over {den}: geomean "
-                                 f"{geomean(ratios):.2f}x, min {min(ratios):.2f}x "
-                                 f"({len(ratios)} models)")
-    return "\n".join(lines)
+def _near(row: dict, t: int, timed: dict[str, list[float]], probes: dict[str, list[float]],
+          repeat: int) -> dict[str, list[float]]:
+    """``timed`` without the rounds in which a sample of ours was taken with the CPUs apart
+    (``placement.far_rounds``: a stretch apart slows plans of many small parallel kernels and
+    the peers' pools unlike each other, so it does not cancel across a round), how many
+    recorded in the row's ``left_out``; the kept rounds' probes go to ``probe_s``, which the
+    table checks against the whole run's fastest (a row taken apart throughout has no near
+    probe of its own to tell it). Where every round read apart, all are kept."""
+    far = far_rounds(probes)
+    keep = [r for r in range(repeat) if r not in far] or list(range(repeat))
+    row["probe_s"][str(t)] = [p[r] for r in keep for p in probes.values()]
+    if len(keep) < repeat:
+        row.setdefault("left_out", {})[str(t)] = repeat - len(keep)
+    return {k: [v[r] for r in keep] for k, v in timed.items()}

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..measurement.timing import geomean
 from .bench import DISTURBED_CORES
-from .regret import FUSEOPS, Region
+from .regret_plans import FUSEOPS, Region
 
 __all__ = ["accuracy", "summary", "table"]
 
