@@ -84,6 +84,7 @@ from .attention_roles import (
 from .card import Card
 from .classes import ScheduleClass
 from .contraction import contraction_operands
+from .ragged import whole_vector_rows
 from .reduction import REDUCTION_CARD, _vector_rfactor, reciprocal_divisions
 
 #: The row block's buffers: 1 MiB, the L2 of Skylake-SP and Zen 4 cores (newer Intel cores
@@ -227,6 +228,7 @@ class Attention(SafeRule):
             return None
         dtype = str(stmt.writes[0].source.dtype)
         lanes = vector_lanes(target, dtype)
+        sch, whole = whole_vector_rows(sch, chain, keys, lanes)
         budget = gemm.accumulator_budget(vector_registers(target))
         tile = gemm.choose_tile(n_rows, cols, lanes, vector_registers(target),
                                 cols_must_divide=True)
@@ -269,10 +271,10 @@ class Attention(SafeRule):
         inline_epilogue(sch, writeback)  # else a pass of its own (generic schedule)
         sch.reverse_compute_at(writeback, it, preserve_unit_loops=True)
 
-        if keys % lanes == 0:
+        if whole:
             # Vector partials (rfactor) while each block still has a nest of its own: rfactor
-            # refuses a block that is not the first in its outermost loop. A ragged key row
-            # keeps scalar chains: compute_at drops the guard of a ragged partial's last vector.
+            # refuses a block that is not the first in its outermost loop. A ragged row's
+            # tail (``ragged.py``) is too short for partials and stays a scalar chain.
             for name in [n for n in chain if not is_spatial(sch.get(sch.get_sblock(n)))]:
                 rf = _vector_rfactor(sch, sch.get_sblock(name), target)
                 if rf is not None:

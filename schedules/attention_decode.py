@@ -58,6 +58,7 @@ from .attention_roles import (
     producer_of,
     reduce_extent,
 )
+from .ragged import whole_vector_rows
 from .reduction import _first_reduction_loop, _vector_rfactor
 
 #: Accumulator vectors of ``out[d]`` kept in registers over the key loop (d = 128 in eight
@@ -116,14 +117,17 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
                                                                       pv_roles.reduce[0])
     if cols is None or keys is None:
         return None
+    lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
+    # a cache of past + 1 keys is ragged: the row max and sum over whole vectors and a tail
+    sch, _ = whole_vector_rows(sch, chain, keys, lanes)
+    pv = sch.get_sblock(pv_name)
+    stmt = sch.get(pv)
     loops = split_loops(sch, pv, pv_roles.col, None)
     if loops is None:
         return None
     batch, reduce_loops, col_loop, _ = loops
     if col_loop is None or len(reduce_loops) != 1:
         return None
-    dtype = str(stmt.writes[0].source.dtype)
-    lanes = vector_lanes(target, dtype)
     tile = vector_tile(cols, lanes, _MAX_ACC_VECTORS)
     co, ci = sch.split(col_loop, factors=[None, tile])
     sch.reorder(*batch, co, reduce_loops[0], ci)
@@ -134,9 +138,9 @@ def schedule_one_row(sch: s_tir.Schedule, qk_name: str | None, pv_name: str, tar
     sch.reverse_compute_at(writeback, co, preserve_unit_loops=True)
 
     # Vector partials while each block still has a nest of its own (rfactor refuses a block
-    # that is not the first in its outermost loop).
-    # A ragged row keeps scalar chains: compute_at drops the guard of a ragged partial's last
-    # vector (it would read past the row).
+    # that is not the first in its outermost loop). A ragged row whose head could not be split
+    # off keeps scalar chains: compute_at drops the guard of a ragged partial's last vector
+    # (it would read past the row).
     partials = []
     for name in [*scores, *chain]:
         blk = sch.get_sblock(name)

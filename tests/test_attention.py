@@ -157,6 +157,57 @@ def test_long_key_rows_match_the_unfused_program(shape, form, rows) -> None:
     np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(("keys", "rows", "form"), [
+    (17, 5, "masked"),  # two vectors of 8 and one key: AVX2's shortest split row
+    (33, 9, "causal"),  # two vectors of 16 and one key: AVX-512's
+    (47, 12, "transposed_bias"),  # a bias read [key, row], 15 keys past two vectors of 16
+    (65, 3, "plain"),  # rows fewer than a register tile
+    (20, 6, "masked"),  # past one vector of 16, short of two: the scalar chains stay
+])
+def test_ragged_key_rows_split_into_whole_vectors_and_a_tail(keys, rows, form) -> None:
+    """Adversarial key counts around two vectors of this host's lanes: the row max and row
+    sum as vector partials over the whole vectors and a scalar tail (``ragged.py``), the
+    softmax exact against the unfused program and NumPy."""
+    mod, inputs = _program(1, 2, keys, 16, form, rows=rows)
+    group = kernels(mod)
+    assert _scheduled(fused_kernel(mod, group), TARGET) is not None
+    fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
+    unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, None, schedule_pass(TARGET)))
+    got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
+
+
+def _blocks_in_vectors(func) -> set[str]:
+    found: set[str] = set()
+    for lp in _loops(func):
+        if lp.kind == tirx.ForKind.VECTORIZED:
+            tvm_ffi.structural_walk(lp.body, (s_tir.SBlock, lambda b: found.add(b.name_hint)))
+    return found
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize(("keys", "split"), [(197, True), (49, True), (128, False)])
+def test_ragged_rows_reduce_in_vector_partials(target, keys, split) -> None:
+    """The row max and sum of a ragged key row reduce in vector partials (rfactor) over the
+    whole vectors, then a scalar tail block folds in the last keys; a row of whole vectors
+    has no tail. Before the split, a ragged row's max and sum were scalar chains: 197 keys
+    ran the kernel 1.18x the time of the split (znver4, docs/log/2026-12-07e.md)."""
+    mod, _ = _program(1, 2, keys, 32, "masked", rows=24)
+    sch = _scheduled(fused_kernel(mod, kernels(mod)), target)
+    assert sch is not None
+    func = sch.mod["main"]
+    names = set()
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: names.add(b.name_hint)))
+    vectorized = _blocks_in_vectors(func)
+    for stat in ("T_softmax_maxelem", "T_softmax_expsum"):
+        partials = {n for n in names if n.startswith(stat + "_rf")}
+        assert partials and partials <= vectorized
+        assert any(n.startswith(stat + "_tail") for n in names) is split
+
+
 @pytest.mark.parametrize(("keys", "lanes", "rows", "vectors"), [
     (49, 16, 8, 1),  # tiles of 32 keys leave 17 scalar, of 16 one
     (48, 16, 8, 2),  # whole vectors: the widest tile the register budget allows

@@ -16,7 +16,7 @@ import pytest
 import tvm
 import tvm_ffi
 from conftest import compacted, fused_kernel, kernels
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm_costfuse.schedules import Attention, attention, schedule_pass
 from tvm_costfuse.schedules.attention import ATTENTION_CARD
 from tvm_costfuse.schedules.classes import ScheduleClass
@@ -119,6 +119,30 @@ def test_one_parallel_loop_over_heads_reading_the_cache_in_place(target) -> None
     # lowering allocates it), holds at most one head's key row of partial sums
     sizes = {name: math.prod(shape) for name, (_, shape) in compacted(func).items()}
     assert sizes and max(sizes.values()) <= 1025 * lanes, sizes
+
+
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize(("past", "tail"), [(1024, True), (1023, False)])
+def test_the_cache_row_max_and_sum_reduce_in_vector_partials(target, past, tail) -> None:
+    """A step's keys are the cache and the new token, past + 1: a ragged row, whose max and
+    sum once ran as scalar chains. Now vector partials over the whole vectors and a scalar
+    tail block for the last key (``ragged.py``); 1024 keys need no tail."""
+    mod, _ = _program(2, 6, past, 64)
+    with target:
+        sch = Attention().apply(fused_kernel(mod, kernels(mod)), target, False)
+    assert sch is not None
+    func = sch.mod["main"]
+    names, vectorized = set(), set()
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: names.add(b.name_hint)))
+    loops = []
+    tvm_ffi.structural_walk(func.body, (tirx.For, loops.append), order="pre")
+    for lp in loops:
+        if lp.kind == tirx.ForKind.VECTORIZED:
+            tvm_ffi.structural_walk(lp.body, (s_tir.SBlock, lambda b: vectorized.add(
+                b.name_hint)))
+    for stat in ("T_softmax_maxelem", "T_softmax_expsum"):
+        assert f"{stat}_rf_update" in vectorized
+        assert (f"{stat}_tail_update" in names) is tail
 
 
 def test_planner_forms_one_attention_group_with_the_cache_copies() -> None:

@@ -297,13 +297,19 @@ class _Builder:
         return True
 
     def attention(self) -> bool:
-        """Scores, scale, softmax and P V over a (batch, rows, features) activation."""
+        """Scores, scale, softmax and P V over a (batch, rows, features) activation; the keys
+        and values may lead with ``extra`` constant rows (a memory the queries attend to as
+        well), so that key rows reach past two vectors of 8 or 16 lanes with a ragged tail
+        (``schedules/ragged.py``), which the activations' own rows never do."""
         i, x = self.take(3)
         if x is None:
             return False
-        _b, _s, d = self.shape(x)
+        b, _s, d = self.shape(x)
+        extra = self.d.pick((0, 0, 16, 31, 32))
         op = relax.op
         q, k, v = (op.matmul(x, self.const((d, d), 1 / math.sqrt(d))) for _ in range(3))
+        if extra:
+            k, v = (op.concat([self.const((b, extra, d), 1.0), t], axis=1) for t in (k, v))
         scores = op.multiply(op.matmul(q, op.permute_dims(k, [0, 2, 1])),
                              relax.const(1 / math.sqrt(d)))
         self.used.add(i)
