@@ -8,11 +8,13 @@ past the row. So a ragged row kept scalar chains, and 197 keys (ViT's) ran the f
 attention kernel 1.33x the time of 192.
 
 :func:`split_tail` rewrites the reduction ``acc[s] = f(acc[s], x[s, k]) for k < n`` as two
-blocks under the same loops: the head over ``k < h`` (``h`` a multiple of the vector), with the
-reduction's init, and a tail over ``h <= k < n`` without one, which folds the last ``n - h``
-elements into the head's result. The head's row is whole vectors, so its partials need no
-guard; the tail stays scalar. Max and min give the same result; a sum adds the tail after the
-head's partials (float reassociation, as the partials already do).
+blocks, each in a loop nest of its own: the head over ``k < h`` (``h`` a multiple of the
+vector) into a buffer of its own, ``acc_head``, with the reduction's init, and the tail over
+``h <= k < n``, whose init is ``acc[s] = acc_head[s]`` and which folds the last ``n - h``
+elements in. The head's row is whole vectors, so its partials need no guard, and it is the
+only writer of its buffer, as rfactor requires; the tail stays scalar. The fold keeps the
+order of the original (the tail starts from the head's result), so any combiner gives the
+same result as the whole row, up to the reassociation the head's partials bring to a sum.
 """
 
 from __future__ import annotations
@@ -118,6 +120,21 @@ def _loops_to(stmt: tirx.Stmt, name: str) -> tuple[list[tirx.For], s_tir.SBlockR
     return None
 
 
+def _plain(loops: list[tirx.For], realize: s_tir.SBlockRealize) -> bool:
+    """Whether the nest is what the rewrite rebuilds faithfully: serial loops from 0 over
+    constant extents, without annotations or thread bindings, down to a block without a
+    predicate, allocations or matched buffers, whose reduction domain is constant."""
+    block = realize.block
+    reduce = _reduce_var(block)
+    return (all(lp.kind == tirx.ForKind.SERIAL and not lp.annotations
+                and lp.thread_binding is None and isinstance(lp.min, tirx.IntImm)
+                and int(lp.min) == 0 and isinstance(lp.extent, tirx.IntImm) for lp in loops)
+            and isinstance(realize.predicate, tirx.IntImm) and int(realize.predicate) == 1
+            and not block.alloc_buffers and not block.match_buffers
+            and reduce is not None and isinstance(reduce.dom.min, tirx.IntImm)
+            and int(reduce.dom.min) == 0 and isinstance(reduce.dom.extent, tirx.IntImm))
+
+
 def split_tail(func: tirx.PrimFunc, name: str, lanes: int) -> tirx.PrimFunc | None:
     """``func`` with block ``name`` (a reduction alone in a root-level loop nest whose
     innermost loop binds its one reduction var directly, over a constant extent that is no
@@ -131,15 +148,17 @@ def split_tail(func: tirx.PrimFunc, name: str, lanes: int) -> tirx.PrimFunc | No
         if found is None:
             continue
         loops, realize = found
+        if not _plain(loops, realize):
+            return None
         block, reduce, inner = realize.block, _reduce_var(realize.block), loops[-1]
         if (reduce is None or not isinstance(block.init, tirx.BufferStore)
-                or len(block.writes) != 1 or not isinstance(inner.extent, tirx.IntImm)):
+                or len(block.writes) != 1):
             return None  # a tuple reduction (two outputs) or an init of another form
         extent = int(inner.extent)
         head = extent - extent % lanes
         bound = next(v for iv, v in zip(block.iter_vars, realize.iter_values, strict=True)
                      if iv.same_as(reduce))
-        if (extent % lanes == 0 or head < 2 * lanes or int(inner.min) != 0
+        if (extent % lanes == 0 or head < 2 * lanes
                 or not isinstance(bound, tirx.Var) or not bound.same_as(inner.loop_var)
                 or int(reduce.dom.extent) != extent):
             return None

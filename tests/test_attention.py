@@ -162,7 +162,7 @@ def test_long_key_rows_match_the_unfused_program(shape, form, rows) -> None:
     (33, 9, "causal"),  # two vectors of 16 and one key: AVX-512's
     (47, 12, "transposed_bias"),  # a bias read [key, row], 15 keys past two vectors of 16
     (65, 3, "plain"),  # rows fewer than a register tile
-    (20, 6, "masked"),  # past one vector of 16, short of two: the scalar chains stay
+    (20, 6, "masked"),  # two vectors of 8 and four keys; past one of 16, short of two
 ])
 def test_ragged_key_rows_split_into_whole_vectors_and_a_tail(keys, rows, form) -> None:
     """Adversarial key counts around two vectors of this host's lanes: the row max and row
@@ -194,7 +194,7 @@ def test_ragged_rows_reduce_in_vector_partials(target, keys, split) -> None:
     """The row max and sum of a ragged key row reduce in vector partials (rfactor) over the
     whole vectors, then a scalar tail block folds in the last keys; a row of whole vectors
     has no tail. Before the split, a ragged row's max and sum were scalar chains: 197 keys
-    ran the kernel 1.18x the time of the split (znver4, docs/log/2026-12-07e.md)."""
+    ran the kernel 1.23x its time with the split (znver4, docs/log/2026-12-07e.md)."""
     mod, _ = _program(1, 2, keys, 32, "masked", rows=24)
     sch = _scheduled(fused_kernel(mod, kernels(mod)), target)
     assert sch is not None

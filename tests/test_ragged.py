@@ -86,3 +86,44 @@ def test_a_tuple_reduction_is_left_alone() -> None:
                 q[vi] = q[vi] + x[vi, vk] * x[vi, vk]
 
     assert split_tail(f, "r", 16) is None
+
+
+def test_a_guarded_a_shifted_or_a_bound_row_is_left_alone() -> None:
+    """A predicate on the block (the tail would write the rows it leaves out), a loop from
+    another start and a reduction var bound through an expression: forms the rewrite would
+    not rebuild faithfully."""
+
+    @T.prim_func(s_tir=True)
+    def guarded(x: T.Buffer((4, 35), "float32"), out: T.Buffer((4,), "float32")):
+        for i, k in T.grid(4, 35):
+            with T.sblock("r"):
+                T.where(i < 3)
+                vi, vk = T.axis.remap("SR", [i, k])
+                with T.init():
+                    out[vi] = T.float32(0)
+                out[vi] = out[vi] + x[vi, vk]
+
+    @T.prim_func(s_tir=True)
+    def shifted(x: T.Buffer((4, 40), "float32"), out: T.Buffer((4,), "float32")):
+        for i in range(4):
+            for k in range(5, 40):
+                with T.sblock("r"):
+                    vi = T.axis.spatial(4, i)
+                    vk = T.axis.reduce(40, k)
+                    with T.init():
+                        out[vi] = T.float32(0)
+                    out[vi] = out[vi] + x[vi, vk]
+
+    @T.prim_func(s_tir=True)
+    def bound(x: T.Buffer((4, 70), "float32"), out: T.Buffer((4,), "float32")):
+        for i, k in T.grid(4, 35):
+            with T.sblock("r"):
+                vi = T.axis.spatial(4, i)
+                vk = T.axis.reduce(70, k * 2)
+                with T.init():
+                    out[vi] = T.float32(0)
+                out[vi] = out[vi] + x[vi, vk]
+
+    for func in (guarded, shifted, bound):
+        assert split_tail(func, "r", 16) is None
+

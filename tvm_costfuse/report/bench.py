@@ -219,10 +219,13 @@ def _near(row: dict, t: int, timed: dict[str, list[float]], probes: dict[str, li
     (``placement.far_rounds``: a stretch apart slows plans of many small parallel kernels and
     the peers' pools unlike each other, so it does not cancel across a round), how many
     recorded in the row's ``left_out``; the kept rounds' probes go to ``probe_s``, which the
-    table checks against the whole run's fastest (a row taken apart throughout has no near
-    probe of its own to tell it). Where every round read apart, all are kept."""
+    table checks against the whole run's fastest: read against the row's own fastest probe,
+    whose round always stays, a row taken apart throughout keeps every round."""
+    for key, p in probes.items():
+        if len(p) != repeat:
+            raise ValueError(f"{key}: {len(p)} probes for {repeat} rounds")
     far = far_rounds(probes)
-    keep = [r for r in range(repeat) if r not in far] or list(range(repeat))
+    keep = [r for r in range(repeat) if r not in far]
     row["probe_s"][str(t)] = [p[r] for r in keep for p in probes.values()]
     if len(keep) < repeat:
         row.setdefault("left_out", {})[str(t)] = repeat - len(keep)
