@@ -77,6 +77,7 @@ from .attention_roles import (
     last_index,
     loops_below,
     p_chain,
+    reads_along,
     reduce_extent,
     reduces_last_axis,
     same_vars,
@@ -317,6 +318,9 @@ class Attention(SafeRule):
         done = {*names, pv_name, sch.get(init).name_hint, sch.get(writeback).name_hint}
         done |= {sch.get(b).name_hint for b in root_blocks(sch)
                  if sch.get(b).name_hint not in done and under(sch, b, top)}
+        for b in root_blocks(sch):
+            if sch.get(b).name_hint not in done:
+                reads_along(sch, b)
         schedule_rest(sch, target, done)
         return sch
 

@@ -142,3 +142,47 @@ def reduce_extent(sch, name: str) -> int:
     return math.prod(int(iv.dom.extent) for iv in stmt.iter_vars
                      if iv.iter_type == tirx.IterVar.CommReduce
                      and isinstance(iv.dom.extent, tirx.IntImm))
+
+
+def _along(index) -> tirx.Var | None:
+    """The var an index runs along with unit stride: ``v`` or ``v +- c``; None otherwise."""
+    if isinstance(index, tirx.Var):
+        return index
+    if isinstance(index, (tirx.Add, tirx.Sub)) and isinstance(index.a, tirx.Var) and isinstance(
+            index.b, tirx.IntImm):
+        return index.a
+    return None
+
+
+def reads_along(sch, block) -> None:
+    """Reorder a spatial block's last two loops where more of its accesses run contiguously
+    along the second-to-last one: the generic schedule vectorizes the innermost loop, the
+    write's last axis. K^T packed from K with the rotary embedding computed on the way (a
+    llama-style prefill) loads K at d and d +- half, cos and sin along the head dim and stores
+    along the keys; vectorized along the keys, each output vector gathered its four loads 16
+    scalars at a time, a fifth of the fused kernel's time (``perf``; docs/log/2026-12-07e.md).
+    Along the head dim the loads are whole vectors and the one store scatters. Accesses
+    count once each (a load inside either branch of a select too); ties keep the write's
+    axis."""
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    if not is_spatial(stmt) or len(loops) < 2 or not isinstance(stmt.body, tirx.BufferStore):
+        return
+    values = get_sblockrealize(sch, block).iter_values
+    bound = {}
+    for lp in loops[-2:]:
+        var = sch.get(lp).loop_var
+        ivs = [iv.var for iv, v in zip(stmt.iter_vars, values) if uses(v, var)]
+        if len(ivs) != 1 or not any(isinstance(v, tirx.Var) and v.same_as(var)
+                                    for v in values):
+            return  # a loop driving several block vars, or through an expression
+        bound[lp] = ivs[0]
+    outer, inner = loops[-2:]
+    loads: list = []
+    tvm_ffi.structural_walk(stmt.body.value, (tvm.ir.expr.TensorLoad, loads.append))
+    last = [_along(ld.indices[-1]) for ld in loads if ld.indices]
+    store = _along(stmt.body.indices[-1]) if stmt.body.indices else None
+    count = {lp: sum(1 for v in [*last, store] if v is not None and v.same_as(bound[lp]))
+             for lp in (outer, inner)}
+    if count[outer] > count[inner]:
+        sch.reorder(inner, outer)

@@ -305,6 +305,73 @@ def test_softmax_of_input_scores_over_the_rows_is_declined() -> None:
         (1, 2, 8, 16), (1, 2, 16, 16))
 
 
+def _rotary_program(heads: int, seq: int, d: int):
+    """A llama-style prefill attention: the rotary embedding of Q and K
+    (``x * cos + rotate_half(x) * sin``) computed in the group, K read transposed by the
+    scores; with its inputs."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((1, heads, seq, d), F32)) for n in "qkv")
+    cos = relax.const(np.cos(rng.standard_normal((1, 1, seq, d))).astype(F32))
+    sin = relax.const(np.sin(rng.standard_normal((1, 1, seq, d))).astype(F32))
+    op = relax.op
+
+    def rotary(x):
+        half = [op.negative(op.strided_slice(x, [3], [d // 2], [d])),
+                op.strided_slice(x, [3], [0], [d // 2])]
+        return op.add(op.multiply(x, cos), op.multiply(op.concat(half, axis=3), sin))
+
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            scores = op.matmul(rotary(q), op.permute_dims(rotary(k), [0, 1, 3, 2]))
+            p = op.nn.softmax(op.multiply(scores, relax.const(1 / math.sqrt(d), F32)), axis=-1)
+            out = bb.emit_output(bb.emit(op.matmul(p, v)))
+        bb.emit_func_output(out)
+    inputs = {n: rng.standard_normal((1, heads, seq, d)).astype(F32) for n in "qkv"}
+    return prepare(bb.get()), inputs
+
+
+def test_rotary_k_is_packed_reading_whole_vectors() -> None:
+    """K's rotary computed as K^T is packed: vectorized along the head dim, so its four loads
+    (K at d and d +- half, cos, sin) are whole vectors and its one store scatters; along the
+    keys each load was a gather (llama's fused attention ran 1.42x slower alone,
+    docs/log/2026-12-07e.md). Exact against the unfused program on this host."""
+    mod, inputs = _rotary_program(2, 40, 32)
+    group = kernels(mod)
+    for target in (AVX2, AVX512):
+        sch = _scheduled(fused_kernel(mod, group), target)
+        assert sch is not None
+        checked = []
+        for lp in _loops(sch.mod["main"]):
+            if lp.kind != tirx.ForKind.VECTORIZED:
+                continue
+
+            def visit(realize, lane=lp.loop_var, out=checked):
+                bound = [iv.var for iv, v in zip(realize.block.iter_vars, realize.iter_values)
+                         if any(x.same_as(lane) for x in _vars(v))]
+                loads = []
+                tvm_ffi.structural_walk(realize.block.body, (tvm.ir.expr.TensorLoad,
+                                                             loads.append))
+                for ld in loads:
+                    if ld.source.name == "k" and bound:
+                        out.append(any(x.same_as(bound[0]) for x in _vars(ld.indices[-1])))
+
+            tvm_ffi.structural_walk(lp.body, (s_tir.SBlockRealize, visit))
+        assert checked and all(checked)  # every vector of K's loads along its last axis
+    fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
+    unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, None, schedule_pass(TARGET)))
+    np.testing.assert_allclose(run(fused, inputs)[0], run(unfused, inputs)[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def _vars(expr) -> list:
+    found: list = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, found.append))
+    return found
+
+
 def test_transposed_bias_is_attention_for_features_and_rule() -> None:
     mod, _ = _program(1, 2, 64, 32, "transposed_bias")
     group = kernels(mod)
