@@ -50,6 +50,17 @@ def _numpy(inputs: dict, form: str) -> np.ndarray:
     return (sc / sc.sum(-1, keepdims=True)) @ v
 
 
+def _matches_unfused_and_numpy(mod, inputs, group, form) -> None:
+    """``group`` built as one kernel on this host matches the unfused build and NumPy."""
+    fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
+    unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
+        TARGET, None, schedule_pass(TARGET)))
+    got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
+
+
 def _scheduled(func, target):
     with target:
         return Attention().apply(func, target, False)
@@ -77,13 +88,7 @@ def test_fused_kernel_matches_the_unfused_program(shape, form) -> None:
     mod, inputs = _program(*shape, form)
     group = kernels(mod)
     assert _scheduled(fused_kernel(mod, group), TARGET) is not None  # this host's rule applies
-    fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
-        TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
-    unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
-        TARGET, None, schedule_pass(TARGET)))
-    got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
+    _matches_unfused_and_numpy(mod, inputs, group, form)
 
 
 @pytest.mark.parametrize("target", [AVX2, AVX512], ids=["avx2", "avx512"])
@@ -148,13 +153,7 @@ def test_long_key_rows_match_the_unfused_program(shape, form, rows) -> None:
     group = kernels(mod)
     assert group_features(build_graph(mod), group).schedule_on("cpu") == ScheduleClass.ATTENTION
     assert _scheduled(fused_kernel(mod, group), TARGET) is not None
-    fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
-        TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
-    unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
-        TARGET, None, schedule_pass(TARGET)))
-    got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
+    _matches_unfused_and_numpy(mod, inputs, group, form)
 
 
 @pytest.mark.parametrize(("keys", "rows", "form"), [
@@ -171,13 +170,7 @@ def test_ragged_key_rows_split_into_whole_vectors_and_a_tail(keys, rows, form) -
     mod, inputs = _program(1, 2, keys, 16, form, rows=rows)
     group = kernels(mod)
     assert _scheduled(fused_kernel(mod, group), TARGET) is not None
-    fused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
-        TARGET, ApplyPartition([group]), schedule_pass(TARGET)))
-    unfused = tvm.compile(mod, TARGET, relax_pipeline=build_pipeline(
-        TARGET, None, schedule_pass(TARGET)))
-    got, want = run(fused, inputs)[0], run(unfused, inputs)[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got, _numpy(inputs, form), rtol=1e-4, atol=1e-5)
+    _matches_unfused_and_numpy(mod, inputs, group, form)
 
 
 def _blocks_in_vectors(func) -> set[str]:
