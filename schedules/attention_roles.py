@@ -161,9 +161,9 @@ def reads_along(sch, block) -> None:
     llama-style prefill) loads K at d and d +- half, cos and sin along the head dim and stores
     along the keys; vectorized along the keys, each output vector gathered its four loads 16
     scalars at a time, a fifth of the fused kernel's time (``perf``; docs/log/2026-12-07e.md).
-    Along the head dim the loads are whole vectors and the one store scatters. Accesses
-    count once each (a load inside either branch of a select too); ties keep the write's
-    axis."""
+    Along the head dim the loads are whole vectors and the one store scatters. An access
+    votes where it moves along both loops, once (a load inside either branch of a select
+    too); a tie keeps the innermost loop."""
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     if not is_spatial(stmt) or len(loops) < 2 or not isinstance(stmt.body, tirx.BufferStore):
@@ -180,9 +180,12 @@ def reads_along(sch, block) -> None:
     outer, inner = loops[-2:]
     loads: list = []
     tvm_ffi.structural_walk(stmt.body.value, (tvm.ir.expr.TensorLoad, loads.append))
-    last = [_along(ld.indices[-1]) for ld in loads if ld.indices]
-    store = _along(stmt.body.indices[-1]) if stmt.body.indices else None
-    count = {lp: sum(1 for v in [*last, store] if v is not None and v.same_as(bound[lp]))
-             for lp in (outer, inner)}
+    # an access that does not move along one of the two loops costs the same either way (a
+    # broadcast operand: one scalar per vector, or one vector per row): it does not vote
+    indices = [list(ld.indices) for ld in loads] + [list(stmt.body.indices)]
+    voters = [ix for ix in indices if ix and all(any(uses(i, bound[lp]) for i in ix)
+                                                 for lp in (outer, inner))]
+    count = {lp: sum(1 for ix in voters if (v := _along(ix[-1])) is not None
+                     and v.same_as(bound[lp])) for lp in (outer, inner)}
     if count[outer] > count[inner]:
         sch.reorder(inner, outer)

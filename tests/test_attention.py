@@ -417,3 +417,42 @@ def test_corpus_attention_is_one_kernel_per_layer(name) -> None:
     assert softmaxes and len(attention) == len(softmaxes)
     for g in attention:
         assert group_features(graph, g).n_contractions == 2
+
+
+def test_only_accesses_moving_along_both_loops_vote_on_the_vector_axis() -> None:
+    """``reads_along``: a transpose computing along its read axis swaps (K's rotary); a
+    plain transpose (one load, one store) and a row with broadcast operands keep the write's
+    axis, where their vectors are whole on both sides or cost nothing."""
+    from tvm.script import tirx as T
+    from tvm_costfuse.schedules.attention_roles import reads_along
+
+    @T.prim_func(s_tir=True)
+    def rotary_t(x: T.Buffer((8, 32), "float32"), c: T.Buffer((8, 32), "float32"),
+                 y: T.Buffer((32, 8), "float32")):
+        for d, s in T.grid(32, 8):
+            with T.sblock("y"):
+                vd, vs = T.axis.remap("SS", [d, s])
+                y[vd, vs] = x[vs, vd] * c[vs, vd] + x[vs, vd]
+
+    @T.prim_func(s_tir=True)
+    def transpose(x: T.Buffer((8, 32), "float32"), y: T.Buffer((32, 8), "float32")):
+        for d, s in T.grid(32, 8):
+            with T.sblock("y"):
+                vd, vs = T.axis.remap("SS", [d, s])
+                y[vd, vs] = x[vs, vd]
+
+    @T.prim_func(s_tir=True)
+    def broadcast(a: T.Buffer((8, 32), "float32"), g: T.Buffer((8,), "float32"),
+                  b: T.Buffer((8,), "float32"), y: T.Buffer((8, 32), "float32")):
+        for i, j in T.grid(8, 32):
+            with T.sblock("y"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                y[vi, vj] = a[vi, vj] * g[vi] + b[vi] - g[vi]
+
+    for func, swapped in ((rotary_t, True), (transpose, False), (broadcast, False)):
+        sch = s_tir.Schedule(func)
+        block = sch.get_sblock("y")
+        before = [sch.get(lp).loop_var.name for lp in sch.get_loops(block)]
+        reads_along(sch, block)
+        after = [sch.get(lp).loop_var.name for lp in sch.get_loops(block)]
+        assert (after == before[::-1]) is swapped and sorted(after) == sorted(before)
