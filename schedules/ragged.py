@@ -151,8 +151,7 @@ def split_tail(func: tirx.PrimFunc, name: str, lanes: int) -> tirx.PrimFunc | No
         if not _plain(loops, realize):
             return None
         block, reduce, inner = realize.block, _reduce_var(realize.block), loops[-1]
-        if (reduce is None or not isinstance(block.init, tirx.BufferStore)
-                or len(block.writes) != 1):
+        if not isinstance(block.init, tirx.BufferStore) or len(block.writes) != 1:
             return None  # a tuple reduction (two outputs) or an init of another form
         extent = int(inner.extent)
         head = extent - extent % lanes

@@ -27,8 +27,7 @@ from ..targets import host_target
 from .calibrate import chain_module
 from .timing import thread_pool
 
-__all__ = ["APART_RATIO", "LaunchProbe", "apart", "far_rounds", "launch_probe", "near_rounds",
-           "probed"]
+__all__ = ["APART_RATIO", "LaunchProbe", "apart", "launch_probe", "near_rounds", "probed"]
 
 #: A probe this much slower than the fastest one reads "apart" (the two placements'
 #: means 1.9x apart; near launches 0.89 us at the fastest, far ones 1.58 us at the fastest).
@@ -82,7 +81,7 @@ def apart(probes: list[float], fastest: float) -> int:
     return sum(p > APART_RATIO * fastest for p in probes)
 
 
-def far_rounds(probes: dict[str, list[float]]) -> set[int]:
+def _far_rounds(probes: dict[str, list[float]]) -> set[int]:
     """The interleaved rounds (indices) in which any of ``probes`` (per key, one per round)
     read apart against the fastest of them all; none where nothing was probed."""
     if not any(probes.values()):
@@ -101,7 +100,7 @@ def near_rounds(samples: dict[str, list[float]], probes: dict[str, list[float]]
         if len(p) != len(samples[key]):
             raise ValueError(f"{key}: {len(p)} probes for {len(samples[key])} samples")
     rounds = len(next(iter(samples.values()), []))
-    far = far_rounds(probes)
+    far = _far_rounds(probes)
     keep = [r for r in range(rounds) if r not in far]
     if not keep or len(keep) == rounds:
         return samples, 0

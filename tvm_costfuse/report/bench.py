@@ -43,7 +43,7 @@ from ..measurement.peers import (
     thread_pool,
     with_threads,
 )
-from ..measurement.placement import far_rounds, launch_probe, probed
+from ..measurement.placement import launch_probe, near_rounds, probed
 from ..measurement.quiet import OtherLoad
 from ..measurement.timing import call_sampler, interleave, run, scaled_error, vm_sampler
 from ..strategies import strategy_pipeline, tir_pipeline
@@ -205,7 +205,7 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
                                lambda k: "tvm" if k.split("@")[0] in ours else k)
         row["other_load"][str(t)] = load.cores
         if probe:
-            timed = _near(row, t, timed, probes, repeat)
+            timed = _near(row, t, timed, probes)
         for k, v in timed.items():
             row["ms"][k] = float(np.median(v)) * 1e3
         if timed_at is not None:
@@ -214,19 +214,18 @@ def bench(w: Workload, threads: list[int], repeat: int, tmp: str, ours=OURS, pee
 
 
 def _near(row: dict, t: int, timed: dict[str, list[float]], probes: dict[str, list[float]],
-          repeat: int) -> dict[str, list[float]]:
+          ) -> dict[str, list[float]]:
     """``timed`` without the rounds in which a sample of ours was taken with the CPUs apart
-    (``placement.far_rounds``: a stretch apart slows plans of many small parallel kernels and
-    the peers' pools unlike each other, so it does not cancel across a round), how many
-    recorded in the row's ``left_out``; the kept rounds' probes go to ``probe_s``, which the
-    table checks against the whole run's fastest: read against the row's own fastest probe,
-    whose round always stays, a row taken apart throughout keeps every round."""
-    for key, p in probes.items():
-        if len(p) != repeat:
-            raise ValueError(f"{key}: {len(p)} probes for {repeat} rounds")
-    far = far_rounds(probes)
-    keep = [r for r in range(repeat) if r not in far]
-    row["probe_s"][str(t)] = [p[r] for r in keep for p in probes.values()]
-    if len(keep) < repeat:
-        row.setdefault("left_out", {})[str(t)] = repeat - len(keep)
-    return {k: [v[r] for r in keep] for k, v in timed.items()}
+    (``placement.near_rounds``, as ``time_builds`` leaves them out: a stretch apart slows plans
+    of many small parallel kernels and the peers' pools unlike each other, so it does not
+    cancel across a round), how many recorded in the row's ``left_out``; the kept rounds'
+    probes go to ``probe_s``, which the table checks against the whole run's fastest: read
+    against the row's own fastest probe, whose round always stays, a row taken apart
+    throughout keeps every round."""
+    near, left_out = near_rounds(timed, probes)
+    kept, _ = near_rounds(probes, probes)
+    rounds = len(next(iter(kept.values())))
+    row["probe_s"][str(t)] = [p[r] for r in range(rounds) for p in kept.values()]
+    if left_out:
+        row.setdefault("left_out", {})[str(t)] = left_out // len(timed)
+    return near
