@@ -20,6 +20,7 @@ from ._common import (
     MIN_PARALLEL_FMAS,
     MIN_PARALLEL_ITERS,
     PARALLEL_CHUNKS_PER_CORE,
+    contraction_parallel,
     int_extent,
     largest_divisor,
     num_cores,
@@ -282,14 +283,28 @@ def split_loops(sch: s_tir.Schedule, block: SBlockRV, col: tirx.Var, row: tirx.V
     return spatial, reduce_loops, col_loop, row_loop
 
 
-def tile_and_parallelize(sch: s_tir.Schedule, order: list, reduce_loops: list, inner: list):
+def read_bytes(sch: s_tir.Schedule, block: SBlockRV) -> int:
+    """Bytes of the whole buffers ``block`` reads (each once; a symbolic one counts as large)."""
+    total = 0
+    for buffer in {r.source for r in sch.get(block).reads}:
+        elems = 1
+        for dim in buffer.shape:
+            elems *= int(dim) if isinstance(dim, tirx.IntImm) else MIN_PARALLEL_FMAS
+        total += elems * max(1, buffer.dtype.bits // 8)
+    return total
+
+
+def tile_and_parallelize(sch: s_tir.Schedule, order: list, reduce_loops: list, inner: list,
+                         block: SBlockRV | None = None):
     """Reorder a contraction's loops to ``order -> reduce_loops -> inner`` and parallelize the
-    outer ones over enough work per thread; returns the loop the tile's write-back goes under."""
+    outer ones over enough work per thread (:func:`contraction_parallel`: the multiply-adds,
+    or the bytes ``block`` reads); returns the loop the tile's write-back goes under."""
     sch.reorder(*order, *reduce_loops, *inner)
     fmas = 1
     for lp in [*order, *reduce_loops, *inner]:
         fmas *= int_extent(sch, lp) or MIN_PARALLEL_FMAS  # symbolic: assume plenty
-    return parallelize(sch, order, fmas, MIN_PARALLEL_FMAS)
+    worth = contraction_parallel(fmas, read_bytes(sch, block) if block is not None else 0)
+    return parallelize(sch, order, int(worth), 1)
 
 
 class SafeRule(CPUScheduleRule):

@@ -252,7 +252,7 @@ class Contraction(SafeRule):
             inner = [ri, vi]
             outer_tiles = [vo, ro] if shape.streamed_larger else [ro, vo]
         order = [outer_tiles[0], *spatial, *outer_tiles[1:]]
-        tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner)
+        tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner, main)
 
         writeback = sch.cache_write(main, 0, "local")
         inline_epilogue(sch, writeback)  # else a separate (generically scheduled) pass

@@ -196,7 +196,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: ConvShape, target) -> s_tir.
         ho, hi = sch.split(height_loop, factors=[None, tile.height])
         outer, inner = [fo, ho], [hi, wi, fi]
     order = [*spatial, *outer, wo]
-    tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner)
+    tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner, main)
 
     writeback = sch.cache_write(main, 0, "local")
     ndim = len(stmt.writes[0].source.shape)

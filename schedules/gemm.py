@@ -246,7 +246,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
         larger = streamed >= _numel(shape.other.source)
         outer = [co, ro] if larger and not cached else [ro, co]
     order = [*spatial, *outer]
-    tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner)
+    tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner, main)
 
     writeback = sch.cache_write(main, 0, "local")
     if tail is not None:

@@ -23,6 +23,7 @@ NON_DEFAULT = {
     "search": "exact",
     "max_args": 32,
     "target_preset": "h100",
+    "horizontal": "never",
 }
 
 

@@ -10,7 +10,7 @@ from conftest import prepared
 from tvm_costfuse.schedules.catalog import card_of
 
 from tvm_costfuse import models
-from tvm_costfuse.cost.analytical import estimate, launch_seconds
+from tvm_costfuse.cost.analytical import estimate, last_level_cache, launch_seconds
 from tvm_costfuse.cost.extract import group_features
 from tvm_costfuse.cost.features import GroupFeatures, OpWork
 from tvm_costfuse.graph import build_graph
@@ -177,3 +177,20 @@ def test_nested_math_calls_are_priced_as_the_libm_calls_they_stay() -> None:
     for n in (sigmoid, log):
         assert group_features(graph, [n.name]).math == n.math
     assert group_features(graph, chain).math == sigmoid.math + NESTED_CALL_FACTOR * log.math
+
+
+def test_weights_stream_from_dram_when_the_model_s_weights_overflow_the_cache() -> None:
+    """A 2 MiB weight fits the last-level cache alone, but among 300 MB of weights every call
+    of the model reads it from DRAM again; the other operands keep their tiers."""
+    g = _graph("gpt2_block")
+    name = next(n.name for n in g.nodes if n.kind == "call_tir" and n.geometry is not None
+                and any(i.startswith("%const") for i in n.inputs))
+    f = group_features(g, [name])
+    assert f.constant_sizes and set(f.constant_sizes) <= set(f.boundary_sizes)
+    llc = last_level_cache(HOST)[0]
+    small = dataclasses.replace(f, module_constant_bytes=llc // 4)
+    large = dataclasses.replace(f, module_constant_bytes=4 * llc)
+    memory = estimate(small, HOST).breakdown["memory"], estimate(large, HOST).breakdown["memory"]
+    weights = sum(f.constant_sizes)
+    assert memory[1] > memory[0]
+    assert memory[1] >= weights / HOST.dram_bw

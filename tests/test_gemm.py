@@ -224,3 +224,29 @@ def test_corpus_transformer_matmuls_all_get_the_contraction_rule(model):
                     assert isinstance(first, Contraction), gv.name_hint
                     matmuls += 1
     assert matmuls >= 3 and attention >= 1
+
+
+def _gemv(k: int, n: int) -> tirx.PrimFunc:
+    x = relax.Var("x", relax.TensorType((1, k), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(np.zeros((k, n), "float32"))
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+
+
+@pytest.mark.parametrize(("k", "n", "parallel"), [(768, 256, True), (768, 128, True),
+                                                  (128, 128, False), (768, 32, False)])
+def test_a_gemv_runs_on_every_core_once_its_weights_outweigh_the_pool_wakeup(k, n, parallel):
+    """A GEMV reads each weight once: 768 x 256 (196608 FMAs, under MIN_PARALLEL_FMAS) is
+    bound by its 768 KiB of weights, and parallel; 64 KiB is not worth waking the pool. One
+    tile of columns (32 of them) has nothing to split."""
+    from tvm_costfuse.schedules._common import MIN_PARALLEL_FMAS, contraction_parallel
+
+    assert k * n < MIN_PARALLEL_FMAS
+    assert contraction_parallel(k * n, 4 * k * n + 4 * k) == (4 * k * n >= 1 << 18)
+    kinds = {lp.kind for lp in _loops(_scheduled(_gemv(k, n), AVX512))}
+    assert (tirx.ForKind.PARALLEL in kinds) == parallel

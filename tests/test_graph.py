@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import tvm
 from conftest import prepared
+from tvm import relax
 
 from tvm_costfuse.graph import OpPattern, build_graph
 
@@ -192,3 +194,27 @@ def test_pooling_windows_are_read_off_the_prim_func() -> None:
     assert mx.ends_in_reduction and conv.ends_in_reduction
     assert not avg.ends_in_reduction
     assert not any(n.ends_in_reduction for n in by_kind["mean"] + by_kind["adaptive_avg_pool2d"])
+
+
+def test_a_slice_at_offset_zero_is_a_kernel_not_a_view():
+    """``x[:, :768]`` of a one-row ``x`` keeps its elements' order (TIR's reshape pattern), but
+    TVM turns only size-preserving reshapes into views (RewriteDataflowReshape): the slice runs
+    as a copy kernel, and the graph must price it as one."""
+
+    from tvm_costfuse.pipelines import prepare
+
+    x = relax.Var("x", relax.TensorType((1, 96), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(x, x))
+            head = bb.emit(relax.op.strided_slice(y, axes=[1], begin=[0], end=[32]))
+            flat = bb.emit(relax.op.reshape(y, (96,)))
+            out = bb.emit_output(relax.Tuple([head, flat]))
+        bb.emit_func_output(out)
+    graph = build_graph(prepare(bb.get(), tvm.target.Target("llvm")))
+    calls = {n.prim_func: n for n in graph.nodes if n.kind == "call_tir"}
+    sliced = next(n for name, n in calls.items() if "strided_slice" in name)
+    reshaped = next(n for name, n in calls.items() if "reshape" in name)
+    assert sliced.reshape_like and not sliced.view
+    assert reshaped.view

@@ -26,7 +26,7 @@ from .cli_types import (
     target_spec,
     tune_model,
 )
-from .config import INT_RANGES, FusionConfig
+from .config import HORIZONTAL, INT_RANGES, FusionConfig
 from .report.compare import COMPARED, TARGETS
 from .targets import preset_names
 
@@ -82,6 +82,10 @@ def _caps(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{field.replace('_', '-')}", type=config_int(field),
                             help=f"{what}: costfuse.{field}, {lo}-{hi} "
                                  f"(default {getattr(defaults, field)})")
+    parser.add_argument("--horizontal", choices=HORIZONTAL, default=None,
+                        help="sibling matmuls of one input as one matmul: where the cost model "
+                             "prices it faster (cost), never, or always: costfuse.horizontal "
+                             f"(default {defaults.horizontal})")
 
 
 def build_parser() -> argparse.ArgumentParser:

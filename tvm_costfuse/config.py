@@ -30,6 +30,7 @@ from .shim import register_keys, shim_path
 __all__ = [
     "CONFIG_KEYS",
     "COST_MODELS",
+    "HORIZONTAL",
     "INT_RANGES",
     "PREFIX",
     "SEARCHES",
@@ -41,6 +42,7 @@ __all__ = [
 PREFIX = "costfuse."
 COST_MODELS = ("analytical", "xgb", "measured")
 SEARCHES = ("greedy", "exact")
+HORIZONTAL = ("cost", "never", "always")
 
 # PassContext key -> TVM type string ("int" or "str", what ``PassContext.list_configs`` shows).
 CONFIG_KEYS: dict[str, str] = {
@@ -51,6 +53,7 @@ CONFIG_KEYS: dict[str, str] = {
     "costfuse.search": "str",
     "costfuse.max_args": "int",
     "costfuse.target_preset": "str",
+    "costfuse.horizontal": "str",
 }
 
 # Inclusive ranges for the int keys (why: see the field comments on FusionConfig).
@@ -60,7 +63,8 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "register_budget": (16, 255),
     "max_args": (2, 512),
 }
-_CHOICES: dict[str, tuple[str, ...]] = {"cost_model": COST_MODELS, "search": SEARCHES}
+_CHOICES: dict[str, tuple[str, ...]] = {"cost_model": COST_MODELS, "search": SEARCHES,
+                                        "horizontal": HORIZONTAL}
 _PRESET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
@@ -98,6 +102,10 @@ class FusionConfig:
     max_args: int = 64
     # Name of a target description ("h100", "host", ...); None: derived from the target.
     target_preset: str | None = None
+    # Sibling matmuls of one input as one matmul of their weights concatenated
+    # (``siblings.py``): "cost" where the cost model prices it faster, "never", or "always"
+    # (the trivial baselines its decisions are measured against).
+    horizontal: str = "cost"
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in INT_RANGES.items():

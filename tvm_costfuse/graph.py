@@ -111,6 +111,9 @@ class OpGraph:
     consumers: dict[str, tuple[str, ...]] = field(repr=False)
     # Names whose value leaves the dataflow block (non-dataflow vars, read by the function body).
     block_outputs: frozenset[str] = frozenset()
+    # Bytes of the distinct constant tensors the bindings read (the weights): whether they
+    # stay in the last-level cache from one call of the model to the next.
+    constant_bytes: int = 0
 
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
 
@@ -157,6 +160,20 @@ def _leaves(expr) -> list:
     if isinstance(expr, relax.Tuple):
         return [leaf for f in expr.fields for leaf in _leaves(f)]
     return [expr]
+
+
+def _same_size(args, outputs: tuple[TensorInfo, ...]) -> bool:
+    """Does a reshape-like kernel keep its input's size and dtype? TVM's
+    RewriteDataflowReshape makes a view only of those: a strided slice at offset 0 has the
+    reshape pattern too (``out[i] = in[i]``), yet runs as a copy kernel."""
+    if len(outputs) != 1 or outputs[0].nbytes is None:
+        return False
+    for a in args:
+        infos = _tensor_infos(a.ty) if isinstance(a, relax.Var) else ()
+        if len(infos) == 1 and infos[0].dtype == outputs[0].dtype and (
+                infos[0].nbytes == outputs[0].nbytes):
+            return True
+    return False
 
 
 def binding_names(func: relax.Function) -> dict[relax.Var, str]:
@@ -216,6 +233,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
 
     param_names = {p: p.name for p in func.params}
     const_names: dict = {}  # each constant tensor is one input, however often it is read
+    const_bytes: dict[str, int] = {}
     var_to_node: dict = {}
     nodes: list[Node] = []
     consumers: dict[str, list[str]] = {}
@@ -245,6 +263,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                         src = f"%{param_names.get(a, a.name)}"
                 elif isinstance(a, tvm.ir.expr.GenericConst):
                     src = const_names.setdefault(a, f"%const{len(const_names)}")
+                    const_bytes.setdefault(src, _nbytes(_tensor_infos(a.ty)))
                 else:
                     continue
                 if src not in inputs:
@@ -268,7 +287,8 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                     else None
                 )
                 reshape_like = has_reshape_pattern(func)
-                view = reshape_like and isinstance(binding.var, relax.DataflowVar)
+                view = (reshape_like and isinstance(binding.var, relax.DataflowVar)
+                        and _same_size(args, outputs))
                 node = Node(name, len(nodes), "call_tir", value.args[0].name_hint, pattern,
                             tuple(inputs), outputs, tuple(sizes), k.flops, in_bytes,
                             _nbytes(outputs), k.reduction_extent, why, block_index, view,
@@ -301,4 +321,5 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
         tuple(nodes),
         {k: tuple(v) for k, v in consumers.items()},
         frozenset(block_outputs),
+        sum(const_bytes.values()),
     )

@@ -18,6 +18,7 @@ from tvm import relax
 
 from .fold import FoldWeights
 from .schedules import backend as schedule_backend
+from .siblings import CombineSiblings
 from .targets import compile_target, for_pipeline
 from .transform import CostFuse
 
@@ -59,6 +60,12 @@ def default_schedule(target: tvm.target.Target) -> tvm.transform.Pass:
     return schedule_backend(target).schedule_pass(target)
 
 
+def horizontal_passes(fusion) -> list[tvm.transform.Pass]:
+    """Where ``fusion`` is CostFuse, its sibling-matmul step (:mod:`.siblings`): a fusion
+    decision made on the high-level matmuls, before LegalizeOps. Other strategies: none."""
+    return [CombineSiblings(fusion)] if isinstance(fusion, CostFuse) else []
+
+
 def build_pipeline(
     target: tvm.target.Target | str,
     fusion: tvm.transform.Pass | None = None,
@@ -66,7 +73,8 @@ def build_pipeline(
     fold: bool = True,
 ) -> tvm.transform.Pass:
     """TVM's pipeline for ``target`` with ``fusion`` in FuseOps' place (None: fuse nothing),
-    ``schedule`` right after FuseTIR, and (``fold``) weight folding first.
+    ``schedule`` right after FuseTIR, and (``fold``) weight folding first; where ``fusion``
+    is CostFuse, its sibling-matmul step follows the folding (:func:`horizontal_passes`).
 
     On llvm ``schedule=None`` leaves the kernels unscheduled; where a kernel cannot build
     without thread bindings (CUDA: the backend's ``needs_schedule``) it means
@@ -84,7 +92,8 @@ def build_pipeline(
         # TVM changed its pipeline: fail loudly instead of silently not fusing.
         raise RuntimeError(f"TVM's {target.kind.name} legalize_passes no longer contain "
                            "FuseOps and FuseTIR")
-    passes = ([FoldWeights] if fold else []) + list(backend.library_dispatch_passes(target))
+    passes = ([FoldWeights] if fold else []) + horizontal_passes(fusion)
+    passes += list(backend.library_dispatch_passes(target))
     for p in legalize:
         name = p.info.name
         if name == "FuseOps":

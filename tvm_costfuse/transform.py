@@ -20,7 +20,7 @@ import tvm
 from .config import FusionConfig, register_config_keys
 from .cost.learned import load_learned
 from .cost.measured import load_measured
-from .graph import build_graph
+from .graph import OpGraph, build_graph
 from .partition import apply_per_function, fuseops_groups
 from .planner import FusionPlan, plan_exact, plan_greedy
 from .pricer import Pricer
@@ -44,15 +44,16 @@ RULE_CHECK_ROUNDS = 3
 
 def plan_module(
     mod: tvm.IRModule, target: TargetDesc, config: FusionConfig, func_name: str = "main",
-    compile_target: tvm.target.Target | None = None,
+    compile_target: tvm.target.Target | None = None, graph: OpGraph | None = None,
 ) -> FusionPlan:
     """Plan fusion for ``mod[func_name]`` (a module after ``pipelines.prepare``).
 
     Each fused group's kernel must be taken by the rule of the card that priced it
     (``rule_check``, on ``compile_target``: by default the current target, else the one
     ``target`` describes). A group another rule takes is priced as that rule's card (one no
-    rule takes is illegal) and the plan searched again; the notes say how many."""
-    graph = build_graph(mod, func_name)
+    rule takes is illegal) and the plan searched again; the notes say how many. ``graph``:
+    the function's OpGraph where the caller built (and amended) it."""
+    graph = graph or build_graph(mod, func_name)
     skip = _unmodelled(graph)
     frozen = []
     if skip:
@@ -147,7 +148,10 @@ class CostFuse:
     search: str | None = None
     max_args: int | None = None
     target_preset: str | None = None
+    horizontal: str | None = None
     plans: dict = field(default_factory=dict)
+    #: sibling matmul sets the pipeline's CombineSiblings step found, each with its decision
+    siblings: list = field(default_factory=list)
 
     def config(self) -> FusionConfig:
         register_config_keys()
@@ -159,6 +163,7 @@ class CostFuse:
             search=self.search,
             max_args=self.max_args,
             target_preset=self.target_preset,
+            horizontal=self.horizontal,
         )
 
     def describe_target(self, config: FusionConfig) -> TargetDesc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..schedules._common import MIN_PARALLEL_FMAS, MIN_PARALLEL_ITERS
+from ..schedules._common import MIN_PARALLEL_ITERS, contraction_parallel
 from ..schedules.card import Card
 from ..schedules.efficiency import fraction_of_peak
 from .features import GroupFeatures, OpWork
@@ -156,7 +156,7 @@ def _cuda_launch(f: GroupFeatures, target, card: Card) -> float:
 def _cpu_launch(f: GroupFeatures, target, card: Card) -> float:
     serial = target.launch_s_serial if target.launch_s_serial is not None else target.launch_s
     # The thresholds our CPU rules parallelize at (below them a loop nest stays serial).
-    parallel = any(w.flops / 2 >= MIN_PARALLEL_FMAS if w.contraction
+    parallel = any(contraction_parallel(w.flops / 2, f.bytes_in) if w.contraction
                    else w.elems >= MIN_PARALLEL_ITERS for w in _work(f))
     if not parallel:
         return serial
@@ -207,6 +207,13 @@ def registers(f: GroupFeatures, target) -> tuple[int, int]:
     return kind_model(target).registers(f, target)
 
 
+def weights_stream(f: GroupFeatures, llc_bytes: int) -> bool:
+    """Do the module's weights together overflow the last-level cache? Then each comes from
+    DRAM on every call of the model, not from the tier its own size would fit (a decode
+    step's 9 MB projection among 169 MB of weights)."""
+    return f.module_constant_bytes > llc_bytes // 2
+
+
 def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Estimate:
     """Analytical time of one kernel computing the group described by ``f`` on ``target``."""
     if f.is_view:  # TVM makes a lone reshape a view: no launch, nothing moves
@@ -230,6 +237,8 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
 
     sizes = f.boundary_sizes or (f.bytes_in, f.bytes_out)
     memory = sum(seconds_to_move(s) for s in sizes)
+    if weights_stream(f, llc_bytes):
+        memory += sum(s / target.dram_bw - seconds_to_move(s) for s in f.constant_sizes)
     card = f.card_on(kind)
     reread, times = card.rereads(f)
     if reread > _REREAD_L2_SHARE * target.l2_bytes:

@@ -325,6 +325,8 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         "dtype_bytes": itemsize,
         "prologue_ops": len(prologue),
         "boundary_sizes": (*ext_in.values(), *[f.written for f in outputs]),
+        "constant_sizes": tuple(v for k, v in ext_in.items() if k.startswith("%const")),
+        "module_constant_bytes": graph.constant_bytes,
         "tuple_items": tuple_extra,
         "prologue_compute": sum([p.computes for p in prologue]) if prologue else 0,
         "op_work": op_work,

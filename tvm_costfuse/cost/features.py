@@ -120,6 +120,11 @@ class GroupFeatures:
     # several; batch_norm's single used element does not), and prologue members that compute
     # rather than move data (what a contraction rule can take).
     boundary_sizes: tuple[int, ...] = ()
+    # Those of the boundary inputs that are constants (weights), and the bytes of all the
+    # module's constants: where those exceed the last-level cache, every call of the model
+    # streams each weight from DRAM again, whatever its own size.
+    constant_sizes: tuple[int, ...] = ()
+    module_constant_bytes: int = 0
     tuple_items: int = 0
     prologue_compute: int = 0
     # Tensors the group hands to the rest of the program, and reordering data movement
@@ -216,7 +221,7 @@ class GroupFeatures:
         return self.card_on(kind).cls
 
 
-_NOT_LEARNED = ("boundary_sizes", "tuple_items", "prologue_compute",
-                "n_outputs", "moves_after_reduction", "view_ops", "op_work", "attention",
+_NOT_LEARNED = ("boundary_sizes", "constant_sizes", "module_constant_bytes", "tuple_items",
+                "prologue_compute", "n_outputs", "moves_after_reduction", "view_ops", "op_work", "attention",
                 "ends_in_reduction")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)

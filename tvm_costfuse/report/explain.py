@@ -25,8 +25,9 @@ from ..partition import fuseops_groups, resolve_groups
 from ..pipelines import prepare
 from ..planner import initial_units, plan_cost
 from ..rules import rules_groups
+from ..siblings import CombineSiblings
 from ..targets import TargetDesc, resolve
-from ..transform import plan_module
+from ..transform import CostFuse, plan_module
 
 
 def is_view(graph: OpGraph, unit: Sequence[str]) -> bool:
@@ -122,8 +123,10 @@ def explain(
         ``left_to_fuseops`` and ``notes``; ``mismatched`` (groups a search formed that run as
         another kernel than their card priced: ops, the class they are priced as, why;
         ``rule_check``); ``folded`` (weight-only work folded before
-        planning, one line per rewritten binding); ``totals`` for ``costfuse``, ``fuseops``,
-        ``rules`` and ``none``.
+        planning, one line per rewritten binding); ``horizontal`` (sibling matmul sets, each
+        combined or left apart, with both prices: :mod:`tvm_costfuse.siblings`); ``totals``
+        for ``costfuse``, ``fuseops``, ``rules`` and ``none``, each partition of the graph the
+        sibling step left.
     """
     register_config_keys()
     name = model if isinstance(model, str) else "<module>"
@@ -131,6 +134,9 @@ def explain(
         model, _ = models.load(model, small=small)
     resolved = resolve(target)
     model, folds = fold_weights(model) if fold else (model, [])
+    costfuse = CostFuse(target=resolved, **config)  # its sibling step, as the pipeline runs it
+    with resolved.tvm:
+        model = CombineSiblings(costfuse)(model)
     mod = prepare(model, resolved.tvm, fold=False)
     desc = resolved.desc
     cfg = FusionConfig.resolve(**config)
@@ -179,6 +185,7 @@ def explain(
         "notes": list(plan.notes),
         "mismatched": [[list(g), cls, why] for g, cls, why in plan.mismatched],
         "folded": [str(f) for f in folds],
+        "horizontal": [str(x) for x in costfuse.siblings],
         "totals": {k: _totals(graph, desc, cfg, g) for k, g in partitions.items()},
         "partitions": partitions,
         "edges": [[p, n.name] for n in graph.nodes for p in graph.producers(n.name)],
@@ -216,6 +223,7 @@ def format_text(report: dict, max_decisions: int = 40) -> str:
         lines.append(f"  left to FuseOps: {', '.join(g)}")
     lines += [f"  note: {n}" for n in report["notes"]]
     lines += [f"  folded: {f}" for f in report.get("folded", ())]
+    lines += [f"  horizontal: {h}" for h in report.get("horizontal", ())]
     lines += ["", f"{'partition':<10} {'kernels':>7} {'pred us':>10} {'intermediate KiB':>17}"]
     for k, t in report["totals"].items():
         lines.append(f"{k:<10} {t['kernels']:>7} {_us(t['predicted_s']):>10} "
