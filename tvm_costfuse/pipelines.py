@@ -6,9 +6,11 @@ TVM's backends run library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldCons
 schedule pass after FuseTIR; which backend's steps it takes is the target kind's
 record (:func:`~tvm_costfuse.schedules.backend`). Ahead of them all it folds weight-only work
 (:mod:`.fold`: batch norms into convolutions, summed convolution branches into one), for every
-fusion strategy alike, so that strategies still differ by fusion alone. :func:`prepare` runs
-exactly what the pipeline runs before the fusion slot, so the OpGraph that plans fusion sees
-the module FuseOps would see.
+fusion strategy alike, so that strategies still differ by fusion alone; CostFuse's pipelines
+then combine sibling matmuls where its cost model says so (:mod:`.siblings`), a fusion
+decision that needs the high-level matmuls. :func:`prepare` runs what every pipeline runs
+before the fusion slot (not the sibling step: ``costfuse explain`` runs it first), so the
+OpGraph that plans fusion sees the module FuseOps would see.
 """
 
 from __future__ import annotations
