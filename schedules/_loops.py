@@ -284,7 +284,9 @@ def split_loops(sch: s_tir.Schedule, block: SBlockRV, col: tirx.Var, row: tirx.V
 
 
 def read_bytes(sch: s_tir.Schedule, block: SBlockRV) -> int:
-    """Bytes of the whole buffers ``block`` reads (each once; a symbolic one counts as large)."""
+    """Bytes of the whole buffers ``block`` reads (each once; a symbolic one counts as large):
+    what a contraction rule asks :func:`contraction_parallel` with, taken before it pads or
+    packs an operand."""
     total = 0
     for buffer in {r.source for r in sch.get(block).reads}:
         elems = 1
@@ -295,16 +297,19 @@ def read_bytes(sch: s_tir.Schedule, block: SBlockRV) -> int:
 
 
 def tile_and_parallelize(sch: s_tir.Schedule, order: list, reduce_loops: list, inner: list,
-                         block: SBlockRV | None = None):
+                         read: int):
     """Reorder a contraction's loops to ``order -> reduce_loops -> inner`` and parallelize the
-    outer ones over enough work per thread (:func:`contraction_parallel`: the multiply-adds,
-    or the bytes ``block`` reads); returns the loop the tile's write-back goes under."""
+    outer ones where that pays (:func:`contraction_parallel`: the multiply-adds, or ``read``,
+    the bytes of the operands as the block first read them, before any padded copy) and there
+    are two tiles or more to share; returns the loop the tile's write-back goes under."""
     sch.reorder(*order, *reduce_loops, *inner)
     fmas = 1
     for lp in [*order, *reduce_loops, *inner]:
         fmas *= int_extent(sch, lp) or MIN_PARALLEL_FMAS  # symbolic: assume plenty
-    worth = contraction_parallel(fmas, read_bytes(sch, block) if block is not None else 0)
-    return parallelize(sch, order, int(worth), 1)
+    tiles = 1
+    for lp in order:
+        tiles *= int_extent(sch, lp) or 2
+    return parallelize(sch, order, int(tiles > 1 and contraction_parallel(fmas, read)), 1)
 
 
 class SafeRule(CPUScheduleRule):

@@ -21,7 +21,7 @@ from ._common import (
     vector_registers,
     vector_tile,
 )
-from ._loops import SafeRule, schedule_rest, split_loops, tile_and_parallelize
+from ._loops import SafeRule, read_bytes, schedule_rest, split_loops, tile_and_parallelize
 from .card import Card, untiled_contraction
 from .classes import ScheduleClass as SC
 from .prepack import pack_streamed_operand
@@ -212,6 +212,7 @@ class Contraction(SafeRule):
             return None
         inline_spatial(sch, protect={name})
         main = sch.get_sblock(name)
+        read = read_bytes(sch, main)  # before any packed copy: what the model prices
         consumers = sch.get_consumers(main)
         if len(consumers) > 1:
             return None
@@ -252,7 +253,7 @@ class Contraction(SafeRule):
             inner = [ri, vi]
             outer_tiles = [vo, ro] if shape.streamed_larger else [ro, vo]
         order = [outer_tiles[0], *spatial, *outer_tiles[1:]]
-        tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner, main)
+        tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner, read)
 
         writeback = sch.cache_write(main, 0, "local")
         inline_epilogue(sch, writeback)  # else a separate (generically scheduled) pass

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 
 from ._common import inline_epilogue, largest_divisor, vector_lanes, vector_registers
-from ._loops import schedule_rest, split_loops, tile_and_parallelize
+from ._loops import read_bytes, schedule_rest, split_loops, tile_and_parallelize
 from .conv_shape import ConvShape, analyze
 from .gemm_tile import FMA_LATENCY, LOADS_PER_CYCLE, VECTOR_COUNTS, accumulator_budget
 from .prepack import layout_free, pack_leading_operand
@@ -161,6 +161,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: ConvShape, target) -> s_tir.
     fits (the caller keeps its general tiling). Raises a ScheduleError where TVM rejects a
     step; the caller runs this on a copy."""
     main = sch.get_sblock(name)
+    read = read_bytes(sch, main)  # before the weight's packed copy: what the model prices
     stmt = sch.get(main)
     extents = {iv.var: int(iv.dom.extent) for iv in stmt.iter_vars}
     lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
@@ -196,7 +197,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: ConvShape, target) -> s_tir.
         ho, hi = sch.split(height_loop, factors=[None, tile.height])
         outer, inner = [fo, ho], [hi, wi, fi]
     order = [*spatial, *outer, wo]
-    tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner, main)
+    tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner, read)
 
     writeback = sch.cache_write(main, 0, "local")
     ndim = len(stmt.writes[0].source.shape)

@@ -39,14 +39,14 @@ from tvm import ir, s_tir, tirx
 from tvm.sym.analyzer import Analyzer
 
 from ._common import (
-    MIN_PARALLEL_FMAS,
+    contraction_parallel,
     inline_epilogue,
     largest_divisor,
     uses,
     vector_lanes,
     vector_registers,
 )
-from ._loops import parallelize, schedule_rest, split_loops
+from ._loops import parallelize, read_bytes, schedule_rest, split_loops
 from .conv_shape import _coefficient
 from .gemm import _try
 from .gemm_tile import accumulator_budget
@@ -305,6 +305,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: DepthwiseShape, target
     """Schedule the depthwise block ``name`` (module docstring). Raises a ScheduleError where
     TVM rejects a step; the caller runs this on a copy."""
     main = sch.get_sblock(name)
+    read = read_bytes(sch, main)  # before the deinterleaved plane: what the model prices
     stmt = sch.get(main)
     extents = {iv.var: int(iv.dom.extent) for iv in stmt.iter_vars}
     lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
@@ -320,7 +321,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: DepthwiseShape, target
     ho, hi = sch.split(height_loop, factors=[None, tile.height])
     wo, wi = sch.split(width_loop, factors=[None, tile.width])
     sch.reorder(*spatial, ho, wo, *reduce_loops, hi, wi)
-    parallelize(sch, spatial, math.prod(extents.values()), MIN_PARALLEL_FMAS)
+    parallelize(sch, spatial, int(contraction_parallel(math.prod(extents.values()), read)), 1)
 
     writeback = sch.cache_write(main, 0, "local")
     inline_epilogue(sch, writeback)  # else a separate, generic pass

@@ -35,7 +35,7 @@ from ._common import (
     vector_lanes,
     vector_registers,
 )
-from ._loops import schedule_rest, split_loops, tile_and_parallelize
+from ._loops import read_bytes, schedule_rest, split_loops, tile_and_parallelize
 from .gemm_tile import (  # noqa: F401 -- the tile model, public here as gemm.*
     Tile,
     accumulator_budget,
@@ -182,6 +182,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
     """Tile, pad and pack the contraction block ``name`` (module docstring); None where the
     micro-kernel does not fit (the caller then keeps its general tiling)."""
     main = sch.get_sblock(name)
+    read = read_bytes(sch, main)  # before any padded copy: what the model prices
     stmt = sch.get(main)
     extents = {iv.var: _iter_extent(iv) for iv in stmt.iter_vars}
     lanes = vector_lanes(target, str(stmt.writes[0].source.dtype))
@@ -246,7 +247,7 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
         larger = streamed >= _numel(shape.other.source)
         outer = [co, ro] if larger and not cached else [ro, co]
     order = [*spatial, *outer]
-    tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner, main)
+    tile_loop = tile_and_parallelize(sch, order, reduce_loops, inner, read)
 
     writeback = sch.cache_write(main, 0, "local")
     if tail is not None:

@@ -19,7 +19,7 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm_costfuse.schedules import Contraction, depthwise
-from tvm_costfuse.schedules._common import MIN_PARALLEL_FMAS, is_spatial, root_blocks
+from tvm_costfuse.schedules._common import contraction_parallel, is_spatial, root_blocks
 from tvm_costfuse.schedules.contraction import contraction_operands
 from tvm_costfuse.schedules.conv import _operand_registers, choose_conv_tile
 from tvm_costfuse.schedules.depthwise import choose_depthwise_tile
@@ -290,7 +290,9 @@ def _assert_depthwise_kernel(func, target, stride):
     nests = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
     kernel = next(n for n in nests if "_update" in n.script())
     fmas = math.prod(int(iv.dom.extent) for iv in conv.iter_vars)
-    assert (kernel.kind == tirx.ForKind.PARALLEL) == (fmas >= MIN_PARALLEL_FMAS)
+    read = sum(math.prod(int(d) for d in b.shape) * b.dtype.bits // 8
+               for b in {r.source for r in conv.reads})
+    assert (kernel.kind == tirx.ForKind.PARALLEL) == contraction_parallel(fmas, read)
     loops: list = []
     tvm_ffi.structural_walk(kernel, (tirx.For, loops.append), order="pre")
     update = [lp for lp in loops if lp.kind == tirx.ForKind.VECTORIZED

@@ -63,7 +63,7 @@ def _demo(spec: str, small: bool, repeat: int) -> None:
         kernels[name] = len(calls)
     seconds = interleaved_medians(executables, inputs, repeat=repeat)
     print("stock = TVM's relax.get_default_pipeline (FuseOps, no schedules); the others share "
-          "our CPU schedules and differ in fusion only")
+          "our CPU schedules and differ in fusion only (CostFuse's sibling matmuls included)")
     print(f"{'strategy':<9} {'kernels':>7} {'compile s':>10} {'latency ms':>11} {'vs tvm':>7}")
     for name in STRATEGIES:
         print(f"{name:<9} {kernels[name]:>7} {compile_s[name]:>10.2f} "

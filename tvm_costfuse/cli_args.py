@@ -73,7 +73,8 @@ _SMALL = "the model's small test shapes (seconds to build, not minutes)"
 
 
 def _caps(parser: argparse.ArgumentParser) -> None:
-    """The ``FusionConfig`` caps as options, with the ranges the config itself enforces."""
+    """The ``FusionConfig`` caps as options, with the ranges the config itself enforces, and
+    the horizontal step's choice."""
     defaults = FusionConfig()
     for field, what in (("max_chain_length", "longest producer->consumer chain in one group"),
                         ("max_body_ops", "most ops in one group"),

@@ -165,13 +165,16 @@ def _leaves(expr) -> list:
 def _same_size(args, outputs: tuple[TensorInfo, ...]) -> bool:
     """Does a reshape-like kernel keep its input's size and dtype? TVM's
     RewriteDataflowReshape makes a view only of those: a strided slice at offset 0 has the
-    reshape pattern too (``out[i] = in[i]``), yet runs as a copy kernel."""
-    if len(outputs) != 1 or outputs[0].nbytes is None:
+    reshape pattern too (``out[i] = in[i]``), yet runs as a copy kernel. A symbolic size is
+    taken as kept (TVM's analyzer proves a reshape's sizes equal; a slice's extent is not
+    symbolic in the programs CostFuse plans: those are left to FuseOps)."""
+    if len(outputs) != 1:
         return False
     for a in args:
         infos = _tensor_infos(a.ty) if isinstance(a, relax.Var) else ()
-        if len(infos) == 1 and infos[0].dtype == outputs[0].dtype and (
-                infos[0].nbytes == outputs[0].nbytes):
+        if len(infos) != 1 or infos[0].dtype != outputs[0].dtype:
+            continue
+        if None in (infos[0].nbytes, outputs[0].nbytes) or infos[0].nbytes == outputs[0].nbytes:
             return True
     return False
 

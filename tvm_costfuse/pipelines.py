@@ -7,7 +7,7 @@ schedule pass after FuseTIR; which backend's steps it takes is the target kind's
 record (:func:`~tvm_costfuse.schedules.backend`). Ahead of them all it folds weight-only work
 (:mod:`.fold`: batch norms into convolutions, summed convolution branches into one), for every
 fusion strategy alike, so that strategies still differ by fusion alone; CostFuse's pipelines
-then combine sibling matmuls where its cost model says so (:mod:`.siblings`), a fusion
+then combine sibling matmuls where its cost model says so (:mod:`.horizontal`), a fusion
 decision that needs the high-level matmuls. :func:`prepare` runs what every pipeline runs
 before the fusion slot (not the sibling step: ``costfuse explain`` runs it first), so the
 OpGraph that plans fusion sees the module FuseOps would see.
@@ -19,8 +19,8 @@ import tvm
 from tvm import relax
 
 from .fold import FoldWeights
+from .horizontal import CombineSiblings
 from .schedules import backend as schedule_backend
-from .siblings import CombineSiblings
 from .targets import compile_target, for_pipeline
 from .transform import CostFuse
 
@@ -63,7 +63,7 @@ def default_schedule(target: tvm.target.Target) -> tvm.transform.Pass:
 
 
 def horizontal_passes(fusion) -> list[tvm.transform.Pass]:
-    """Where ``fusion`` is CostFuse, its sibling-matmul step (:mod:`.siblings`): a fusion
+    """Where ``fusion`` is CostFuse, its sibling-matmul step (:mod:`.horizontal`): a fusion
     decision made on the high-level matmuls, before LegalizeOps. Other strategies: none."""
     return [CombineSiblings(fusion)] if isinstance(fusion, CostFuse) else []
 

@@ -1,45 +1,38 @@
-"""Horizontal contractions: sibling matmuls on one input as one matmul, where the cost model
-says it pays.
+"""Sibling matmuls on one input, found and rewritten as one matmul (the horizontal
+contraction; whether a set is combined is :mod:`.horizontal`'s decision).
 
 Q/K/V projections and a SwiGLU MLP's gate and up projections are matmuls of one activation by
-constant weights. As separate kernels each launches (and, at several threads, synchronizes
-its pool) on its own and each streams the shared input. Concatenating their weights along the
-output columns at compile time makes them one contraction with a wider output; each sibling's
-value is then a slice of its columns, an injective view its consumers read in place (the
-planner fuses slices like any other injective producer). Biases concatenate the same way.
-The result is bit-identical per element: every output column's dot product runs over the same
-reduction axis, in the schedule of one matmul, as before.
+constant weights. As separate kernels each is dispatched (and, at several threads, wakes the
+pool) on its own and each streams the shared input. Concatenating their weights along the
+output columns at compile time makes them one contraction with a wider output; each
+sibling's value is then a ``strided_slice`` of its columns, which the planner fuses into its
+consumers or leaves as a copy like any other injective op. Biases concatenate the same way.
+Every output column's dot product runs over the same reduction in order: where one rule
+schedules both sides the outputs are bit-equal (the corpus' projections); a sibling narrower
+than a vector may be scheduled by another rule than the combined matmul, equal within rounding.
+
+Only static shapes, and sets alike in having a bias or not (a bias-less K projection beside
+biased Q and V stays apart from them): a zero bias would be an extra add.
 
 TVM's ``CombineParallelMatmul`` does the rewrite without a decision, ends in a ``split`` whose
 tuple output no consumer can read in place (it stays a copy kernel), and finds no siblings in
 imported models: the torch frontend reshapes the shared activation once per projection and
 writes a bias add as ``add(bias, matmul)``. Hence a rewrite of our own, in the style of
-:mod:`.fold`, that sees through reshapes of one value and either operand order.
-
-Whether to combine is priced per sibling set by the analytical cost model
-(:func:`price_siblings`): the separate contractions against the combined one, each legalized
-and scheduled as the pipeline would, so the terms are the model's own (launches, the weight
-stream, parallel grain over the wider output). A set priced slower combined stays apart.
+:mod:`.fold`, that sees through reshapes of one value and takes either operand order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
 from tvm import relax
 
-__all__ = ["CombineSiblings", "Siblings", "combine_siblings", "find_siblings", "price_siblings",
-           "sibling_program"]
+__all__ = ["Siblings", "combine_siblings", "constant_bytes", "find_siblings", "sibling_program"]
 
 _FLOATS = ("float32", "float64", "float16")
 _MATMUL = "relax.matmul"
-# Combine only where the model prices it this much faster: the two sides read the same
-# weights, and a smaller predicted difference is inside what two builds of one kernel differ
-# by (a decode step's QKV projections at one thread: 0.01%, sibling GEMVs' own copies of
-# their slices included).
-MIN_GAIN = 0.005
 
 
 @dataclass
@@ -53,6 +46,14 @@ class Branch:
     weight: np.ndarray  # K x N, in the model's dtype
     bias: np.ndarray | None  # N
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return _shape(self.lhs)
+
+    @property
+    def dtype(self) -> str:
+        return _dtype(self.var)
+
 
 @dataclass
 class Siblings:
@@ -61,6 +62,8 @@ class Siblings:
     branches: list[Branch] = field(default_factory=list)
     combine: bool = True
     why: str = ""
+    #: the cost model's seconds for the set apart and combined, where it priced them
+    prices: tuple[float, float] | None = None
 
     @property
     def widths(self) -> list[int]:
@@ -91,8 +94,10 @@ class _Analysis:
     def __init__(self, func: relax.Function):
         self.values = relax.analysis.get_var2val(func)
         self.users: dict[relax.Var, list[relax.Var]] = {}
-        for block in func.body.blocks:
+        self.block: dict[relax.Var, int] = {}
+        for i, block in enumerate(func.body.blocks):
             for b in block.bindings:
+                self.block[b.var] = i
                 for var in relax.analysis.free_vars(b.value):
                     self.users.setdefault(var, []).append(b.var)
         for var in relax.analysis.free_vars(func.body.body):
@@ -129,8 +134,8 @@ class _Analysis:
     def bias(self, matmul: relax.Var, width: int) -> tuple[relax.Var, np.ndarray] | None:
         """``(var, bias)`` where the matmul's one use adds a constant vector of its columns."""
         users = self.users.get(matmul, [])
-        if len(users) != 1 or users[0] is None:
-            return None
+        if len(users) != 1 or users[0] is None or self.block.get(users[0]) != self.block[matmul]:
+            return None  # the slice takes the add's place: in the combined matmul's block
         add = self._call(users[0], "relax.add")
         if add is None or _shape(users[0]) != _shape(matmul):
             return None
@@ -279,93 +284,18 @@ def sibling_program(shape: tuple[int, ...], dtype: str, widths: list[int], bias:
     return combine_siblings(mod)[0] if combined else mod
 
 
-def price_siblings(s: Siblings, desc, config, compile_target,
-                   constant_bytes: int = 0) -> tuple[float, float]:
-    """Seconds the cost model predicts for the siblings apart and combined, each side the
-    plan the planner makes of it on ``compile_target`` (priced with ``desc``), its weights
-    priced as in a module holding ``constant_bytes`` of constants (whether they stay cached
-    between calls). The combined side keeps every slice as an output: where the model's plan
-    fuses a slice into its consumers instead, combining gains more than priced here."""
-    from .graph import build_graph
-    from .pipelines import prepare  # the pipelines import this module
-    from .transform import plan_module
-
-    first = s.branches[0]
-    shape, dtype = _shape(first.lhs), _dtype(first.var)
-    seconds = []
-    for combined in (False, True):
-        mod = sibling_program(shape, dtype, s.widths, first.bias is not None, combined)
-        with compile_target:
-            prepared = prepare(mod, compile_target, fold=False)
-            graph = build_graph(prepared)
-            graph = replace(graph, constant_bytes=max(graph.constant_bytes, constant_bytes))
-            plan = plan_module(prepared, desc, config, compile_target=compile_target,
-                               graph=graph)
-        seconds.append(plan.seconds)
-    return seconds[0], seconds[1]
-
-
 def constant_bytes(mod: tvm.IRModule) -> int:
-    """Bytes of the distinct constant tensors in ``mod``'s Relax functions."""
+    """Bytes of the distinct constant tensors in ``mod``'s Relax functions (before
+    legalizing: ``OpGraph.constant_bytes`` counts the same after it)."""
     seen: dict = {}
 
     def visit(expr) -> None:
         if isinstance(expr, tvm.ir.expr.GenericConst) and expr not in seen:
             shape, dtype = _shape(expr), _dtype(expr)
             bits = tvm.DataType(dtype).bits if dtype else 0
-            seen[expr] = int(np.prod(shape)) * bits // 8 if shape is not None else 0
+            seen[expr] = int(np.prod(shape)) * ((bits + 7) // 8) if shape is not None else 0
 
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return sum(seen.values())
-
-
-def CombineSiblings(costfuse) -> tvm.transform.Pass:
-    """The rewrite as a module pass for ``costfuse`` (a :class:`~.transform.CostFuse`): its
-    config's ``horizontal`` says whether the cost model decides (``"cost"``), or every set
-    stays apart or is combined; the sets found, with the decision and both prices, are kept
-    in ``costfuse.siblings`` (``costfuse explain`` prints them). Runs under the compile
-    target, before LegalizeOps."""
-
-    @tvm.transform.module_pass(opt_level=0, name="CostFuseCombineSiblings")
-    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        config = costfuse.config()
-        costfuse.siblings = []
-        if config.horizontal == "never":
-            return mod
-        decide = _always
-        if config.horizontal == "cost":
-            desc = costfuse.describe_target(config)
-            compile_target = tvm.target.Target.current()
-            if compile_target is None:
-                raise ValueError("CombineSiblings prices plans for the compile target: run it "
-                                 "under `with target`")
-            decide = _PricedDecision(desc, config, compile_target, constant_bytes(mod))
-        out, found = combine_siblings(mod, decide)
-        costfuse.siblings = found
-        return out
-
-    return _pass
-
-
-def _always(s: Siblings) -> None:
-    s.combine, s.why = True, "costfuse.horizontal is 'always'"
-
-
-class _PricedDecision:
-    """Combine where the cost model prices the combined side faster; one pricing per shape
-    (a model's layers repeat them)."""
-
-    def __init__(self, desc, config, compile_target, module_constants: int):
-        self.args = (desc, config, compile_target, module_constants)
-        self.prices: dict[tuple, tuple[float, float]] = {}
-
-    def __call__(self, s: Siblings) -> None:
-        first = s.branches[0]
-        key = (_shape(first.lhs), _dtype(first.var), tuple(s.widths), first.bias is not None)
-        if key not in self.prices:
-            self.prices[key] = price_siblings(s, *self.args)
-        apart, combined = self.prices[key]
-        s.combine = combined < apart * (1 - MIN_GAIN)
-        s.why = f"predicted {apart * 1e6:.2f} us apart, {combined * 1e6:.2f} us as one"

@@ -13,7 +13,8 @@
   cost model (needs one trained in ``tuning_logs/``); ``costfuse-measured``: with the measured
   cost model (measurements in ``tuning_logs/``, analytical for the rest).
 Every strategy but ``stock`` shares the weight folding (:mod:`.fold`) and the schedules, so
-their differences are fusion alone.
+their differences are fusion alone: CostFuse's include its horizontal step, sibling matmuls
+made one before LegalizeOps where its cost model says so (:mod:`.horizontal`).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def plan_module(
     ``target`` describes). A group another rule takes is priced as that rule's card (one no
     rule takes is illegal) and the plan searched again; the notes say how many. ``graph``:
     the function's OpGraph where the caller built (and amended) it."""
-    graph = graph or build_graph(mod, func_name)
+    graph = build_graph(mod, func_name) if graph is None else graph
     skip = _unmodelled(graph)
     frozen = []
     if skip:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ..schedules._common import MIN_PARALLEL_ITERS, contraction_parallel
 from ..schedules.card import Card
+from ..schedules.classes import ScheduleClass as SC
 from ..schedules.efficiency import fraction_of_peak
 from .features import GroupFeatures, OpWork
 
@@ -153,10 +154,16 @@ def _cuda_launch(f: GroupFeatures, target, card: Card) -> float:
     return target.launch_s
 
 
+_BY_BYTES = (SC.CONTRACTION, SC.CONTRACTION_STREAM)
+
+
 def _cpu_launch(f: GroupFeatures, target, card: Card) -> float:
     serial = target.launch_s_serial if target.launch_s_serial is not None else target.launch_s
-    # The thresholds our CPU rules parallelize at (below them a loop nest stays serial).
-    parallel = any(contraction_parallel(w.flops / 2, f.bytes_in) if w.contraction
+    # The thresholds our CPU rules parallelize at (below them a loop nest stays serial): the
+    # contraction rule's tile loop also by the bytes it reads (here the group's inputs, its
+    # epilogue's among them); the attention and chain rules by multiply-adds alone.
+    read = f.bytes_in if card.cls in _BY_BYTES else 0
+    parallel = any(contraction_parallel(w.flops / 2, read) if w.contraction
                    else w.elems >= MIN_PARALLEL_ITERS for w in _work(f))
     if not parallel:
         return serial
@@ -208,9 +215,10 @@ def registers(f: GroupFeatures, target) -> tuple[int, int]:
 
 
 def weights_stream(f: GroupFeatures, llc_bytes: int) -> bool:
-    """Do the module's weights together overflow the last-level cache? Then each comes from
-    DRAM on every call of the model, not from the tier its own size would fit (a decode
-    step's 9 MB projection among 169 MB of weights)."""
+    """Do the module's weights together pass half the last-level cache (the share a tensor
+    is taken to stay cached in)? Then each comes from DRAM on every call of the model, not
+    from the tier its own size would fit (a decode step's 9 MB projection among 169 MB of
+    weights)."""
     return f.module_constant_bytes > llc_bytes // 2
 
 

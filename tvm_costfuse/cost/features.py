@@ -121,7 +121,7 @@ class GroupFeatures:
     # rather than move data (what a contraction rule can take).
     boundary_sizes: tuple[int, ...] = ()
     # Those of the boundary inputs that are constants (weights), and the bytes of all the
-    # module's constants: where those exceed the last-level cache, every call of the model
+    # module's constants: where those pass half the last-level cache, every call of the model
     # streams each weight from DRAM again, whatever its own size.
     constant_sizes: tuple[int, ...] = ()
     module_constant_bytes: int = 0

@@ -33,6 +33,7 @@ from .. import models
 from ..config import FusionConfig, register_config_keys
 from ..cost.extract import group_features
 from ..graph import OpGraph, build_graph
+from ..horizontal import costfuse_model
 from ..measurement.timing import interleaved_medians, max_mismatch, run
 from ..partition import ApplyPartition, fuseops_groups
 from ..pipelines import prepare
@@ -185,6 +186,18 @@ def _model_cells(spec: str, strategies: Sequence[str], targets: Sequence[_Target
     return cells
 
 
+def _strategy_input(strategy: str, mod, prepared, graph, t: _Target):
+    """(model, prepared module, graph) a strategy plans and builds: CostFuse's after its
+    sibling step (:func:`~tvm_costfuse.horizontal.costfuse_model`), the others' as given."""
+    base, config = _split(strategy)
+    if base != "costfuse":
+        return mod, prepared, graph
+    smod, _sets = costfuse_model(mod, t.target, **{k: v for k, v in config.items()
+                                                   if k != "fold"})
+    sprepared = prepare(smod, t.tvm_target)
+    return smod, sprepared, build_graph(sprepared)
+
+
 def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> list[Cell]:
     cells: dict[str, Cell] = {}
     built: dict[str, object] = {}
@@ -204,15 +217,16 @@ def _target_cells(name, mod, inputs, strategies, t: _Target, repeat, tick) -> li
                     note=cell_note)
         stage = "plan"
         try:
-            groups = strategy_groups(s, prepared, graph, t.desc)
-            kernels = kernels_of(graph, groups)
+            smod, sprepared, sgraph = _strategy_input(s, mod, prepared, graph, t)
+            groups = strategy_groups(s, sprepared, sgraph, t.desc)
+            kernels = kernels_of(sgraph, groups)
             base = replace(base, kernels=len(kernels),
-                           intermediate_bytes=intermediate_bytes(graph, kernels),
-                           predicted_s=plan_cost(graph, t.desc, cfg, groups))
+                           intermediate_bytes=intermediate_bytes(sgraph, kernels),
+                           predicted_s=plan_cost(sgraph, t.desc, cfg, groups))
             stage = "compile"
             start = time.perf_counter()
             with t.tvm_target:
-                ex = tvm.compile(mod, target=t.tvm_target,
+                ex = tvm.compile(smod, target=t.tvm_target,
                                  relax_pipeline=_pipeline(s, t.target, groups),
                                  tir_pipeline=tir_pipeline(s))
             base = replace(base, compile_s=time.perf_counter() - start)

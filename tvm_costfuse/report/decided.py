@@ -18,6 +18,7 @@ from ..config import FusionConfig
 from ..cost.analytical import estimate
 from ..cost.extract import group_features
 from ..graph import OpGraph, build_graph
+from ..horizontal import costfuse_model
 from ..partition import fuseops_groups
 from ..pipelines import prepare
 from ..regions import differing_regions
@@ -106,10 +107,16 @@ def summary(mod: tvm.IRModule, target, measured: float, shown: int = 8) -> list[
     desc, config = resolve(target).desc, FusionConfig.resolve()
     plan = plan_module(prepared, desc, config)
     diffs = differences(graph, desc, config, fuseops_groups(prepared), plan.groups)
+    _model, sets = costfuse_model(mod, target)
+    combined = [x for x in sets if x.combine]
+    aside = ([(f"CostFuse also combined {len(combined)} set(s) of sibling matmuls into one "
+              "matmul each (`costfuse explain` prices them; not in the regions below)")]
+             if combined else [])
     if not diffs:
-        return ["CostFuse chose FuseOps' kernels on this model: the latencies differ by noise only"]
+        return aside + [("CostFuse chose FuseOps' kernels on this model: the latencies differ "
+                        "by noise only")]
     theirs, ours = sum(d.fuseops_s for d in diffs), sum(d.costfuse_s for d in diffs)
-    lines = [f"CostFuse decided {len(diffs)} region(s) differently from FuseOps"
+    lines = aside + [f"CostFuse decided {len(diffs)} region(s) differently from FuseOps"
              + (f" (first {shown})" if len(diffs) > shown else "") + ":"]
     lines += [f"  {describe(graph, d)}" for d in diffs[:shown]]
     verdict = ("faster" if measured >= 1 + NOISE else "SLOWER" if measured <= 1 - NOISE

@@ -21,13 +21,13 @@ from ..cost.extract import group_features
 from ..cost.features import op_class
 from ..fold import fold_weights
 from ..graph import OpGraph, build_graph
+from ..horizontal import costfuse_model
 from ..partition import fuseops_groups, resolve_groups
 from ..pipelines import prepare
 from ..planner import initial_units, plan_cost
 from ..rules import rules_groups
-from ..siblings import CombineSiblings
 from ..targets import TargetDesc, resolve
-from ..transform import CostFuse, plan_module
+from ..transform import plan_module
 
 
 def is_view(graph: OpGraph, unit: Sequence[str]) -> bool:
@@ -124,7 +124,7 @@ def explain(
         another kernel than their card priced: ops, the class they are priced as, why;
         ``rule_check``); ``folded`` (weight-only work folded before
         planning, one line per rewritten binding); ``horizontal`` (sibling matmul sets, each
-        combined or left apart, with both prices: :mod:`tvm_costfuse.siblings`); ``totals``
+        combined or left apart, with both prices: :mod:`tvm_costfuse.horizontal`); ``totals``
         for ``costfuse``, ``fuseops``, ``rules`` and ``none``, each partition of the graph the
         sibling step left.
     """
@@ -134,9 +134,7 @@ def explain(
         model, _ = models.load(model, small=small)
     resolved = resolve(target)
     model, folds = fold_weights(model) if fold else (model, [])
-    costfuse = CostFuse(target=resolved, **config)  # its sibling step, as the pipeline runs it
-    with resolved.tvm:
-        model = CombineSiblings(costfuse)(model)
+    model, siblings = costfuse_model(model, resolved, **config)  # as the pipeline hands it on
     mod = prepare(model, resolved.tvm, fold=False)
     desc = resolved.desc
     cfg = FusionConfig.resolve(**config)
@@ -185,7 +183,7 @@ def explain(
         "notes": list(plan.notes),
         "mismatched": [[list(g), cls, why] for g, cls, why in plan.mismatched],
         "folded": [str(f) for f in folds],
-        "horizontal": [str(x) for x in costfuse.siblings],
+        "horizontal": [str(x) for x in siblings],
         "totals": {k: _totals(graph, desc, cfg, g) for k, g in partitions.items()},
         "partitions": partitions,
         "edges": [[p, n.name] for n in graph.nodes for p in graph.producers(n.name)],

@@ -48,6 +48,7 @@ from dataclasses import replace
 import numpy as np
 import tvm
 
+from ..horizontal import costfuse_model
 from ..measurement.peers import thread_pool, time_builds, with_threads
 from ..measurement.quiet import OtherLoad
 from ..measurement.timing import (
@@ -83,8 +84,10 @@ def combine_faster(base_s: float, flipped_s: dict[int, float],
 def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
            progress: Callable[[str], None] | None = None, desc: TargetDesc | None = None,
            builds: int = 1, confirm: int = 3, replicate: bool = True) -> dict:
-    """One model's regret row at ``threads`` threads (see the module's docstring)."""
+    """One model's regret row at ``threads`` threads (see the module's docstring), on the
+    model as CostFuse's pipeline hands it on after its sibling step (every plan alike)."""
     target = host_target(threads)
+    mod, _sets = costfuse_model(mod, desc or target)
     p = plans(mod, target, desc)
     say = progress or (lambda _m: None)
 
