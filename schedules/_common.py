@@ -34,18 +34,14 @@ MIN_PARALLEL_ITERS = 2048
 # core, about what the pool's wake-up and join cost.
 MIN_PARALLEL_FMAS = 1 << 18
 
-# A contraction that reads each operand element about once (a GEMV: one output row) is bound
-# by memory, not by its multiply-adds: a 768 x 256 fp32 weight (196608 FMAs, under
-# MIN_PARALLEL_FMAS) took 8.4-8.7 us on one core and 5.4 us on two, 384 KiB of weights
-# (768 x 128) 4.1 against 3.3 us (znver4, AVX-512; docs/log). Such a nest is parallelized
-# once the buffers it reads reach this many bytes.
+# A GEMV reads each weight once: memory-bound, not bound by its multiply-adds. 768 x 256 fp32
+# (196608 FMAs) took 8.6 us on one core, 5.3 on two; 768 x 128 4.0 / 3.2 (znver4, docs/log).
 MIN_PARALLEL_BYTES = 1 << 18
 
 
 def contraction_parallel(fmas: int, read_bytes: int) -> bool:
-    """Does a contraction's loop nest pay for waking the thread pool? Its multiply-adds, or
-    (memory-bound) the bytes it reads, past the break-even. The rules and the cost model's
-    launch term ask the same question."""
+    """Does a contraction's nest pay for waking the pool? Its multiply-adds or the bytes it
+    reads past the break-even (the rules and the cost model's launch term both ask)."""
     return fmas >= MIN_PARALLEL_FMAS or read_bytes >= MIN_PARALLEL_BYTES
 
 

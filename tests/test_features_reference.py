@@ -118,6 +118,8 @@ def reference_features(graph, members) -> GroupFeatures:
         dtype_bytes=_itemsize(dtype),
         prologue_ops=len(prologue),
         boundary_sizes=tuple(ext_in.values()) + tuple(n.bytes_written for n in outputs),
+        constant_sizes=tuple(v for k, v in ext_in.items() if k.startswith("%const")),
+        module_constant_bytes=graph.constant_bytes,
         tuple_items=sum(max(0, sum(graph[r].kind == "tuple_get_item" for r in consumers[n.name])
                                - 1)
                         for n in nodes if n.name not in prologue and len(n.outputs) > 1),

@@ -23,6 +23,7 @@ from dataclasses import replace
 import tvm
 
 from .graph import build_graph
+from .schedules import backend as schedule_backend
 from .siblings import Siblings, combine_siblings, constant_bytes, find_siblings, sibling_program
 from .targets import resolve
 from .transform import CostFuse, plan_module
@@ -40,21 +41,32 @@ def price_siblings(s: Siblings, desc, config, compile_target,
     """Seconds the cost model predicts for the set apart and combined, each side the plan
     the planner makes of it on ``compile_target`` (priced with ``desc``), its weights priced
     as in a module holding ``module_constants`` bytes of constants."""
-    from .pipelines import prepare  # the pipelines import this module
-
     first = s.branches[0]
     seconds = []
     for combined in (False, True):
         mod = sibling_program(first.shape, first.dtype, s.widths, first.bias is not None,
                               combined)
         with compile_target:
-            prepared = prepare(mod, compile_target, fold=False)
+            prepared = _legalized(mod, compile_target)
             graph = build_graph(prepared)
             graph = replace(graph, constant_bytes=max(graph.constant_bytes, module_constants))
             plan = plan_module(prepared, desc, config, compile_target=compile_target,
                                graph=graph)
         seconds.append(plan.seconds)
     return seconds[0], seconds[1]
+
+
+def _legalized(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """What every pipeline runs before its fusion slot, folding aside: ``pipelines.prepare``'s
+    steps, taken here from the target's backend record as it takes them (the pipelines
+    import this module, so it cannot import them)."""
+    backend = schedule_backend(target).relax
+    passes = list(backend.library_dispatch_passes(target))
+    for p in backend.legalize_passes(target):
+        if p.info.name in ("FuseOps", "FuseTIR"):
+            break
+        passes.append(p)
+    return tvm.transform.Sequential(passes)(mod)
 
 
 class _Decision:
