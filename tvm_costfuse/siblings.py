@@ -43,8 +43,19 @@ class Branch:
     var: relax.Var
     matmul: relax.Var
     lhs: relax.Var
-    weight: np.ndarray  # K x N, in the model's dtype
+    constant: relax.Expr  # the weight as the model holds it: K x N, or N x K transposed
+    transposed: bool
     bias: np.ndarray | None  # N
+
+    @property
+    def width(self) -> int:
+        return _shape(self.constant)[0 if self.transposed else 1]
+
+    @property
+    def weight(self) -> np.ndarray:
+        """K x N, read only where the set is combined (a model's weights are large)."""
+        value = self.constant.value.numpy()
+        return value.T if self.transposed else value
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -67,7 +78,7 @@ class Siblings:
 
     @property
     def widths(self) -> list[int]:
-        return [b.weight.shape[1] for b in self.branches]
+        return [b.width for b in self.branches]
 
     def __str__(self) -> str:
         names = ", ".join(b.var.name for b in self.branches)
@@ -115,21 +126,19 @@ class _Analysis:
             expr = call.args[0]
         return expr
 
-    def weight(self, expr: relax.Expr) -> np.ndarray | None:
-        """A 2-d constant right operand (through one transpose of a constant), K x N."""
+    def weight(self, expr: relax.Expr) -> tuple[relax.Expr, bool] | None:
+        """A 2-d constant right operand, or one transpose of it: (the constant, transposed)."""
+        transposed = False
         transpose = self._call(expr, "relax.permute_dims")
         if transpose is not None:
-            inner = transpose.args[0]
             axes = transpose.attrs.axes
-            if not isinstance(inner, tvm.ir.expr.GenericConst) or (
-                    axes is not None and [int(a) for a in axes] != [1, 0]):
+            if axes is not None and [int(a) for a in axes] != [1, 0]:
                 return None
-            value = inner.value.numpy()
-            return value.T if value.ndim == 2 else None
-        if isinstance(expr, tvm.ir.expr.GenericConst):
-            value = expr.value.numpy()
-            return value if value.ndim == 2 else None
-        return None
+            expr, transposed = transpose.args[0], True
+        shape = _shape(expr)
+        if not isinstance(expr, tvm.ir.expr.GenericConst) or shape is None or len(shape) != 2:
+            return None
+        return expr, transposed
 
     def bias(self, matmul: relax.Var, width: int) -> tuple[relax.Var, np.ndarray] | None:
         """``(var, bias)`` where the matmul's one use adds a constant vector of its columns."""
@@ -151,15 +160,18 @@ class _Analysis:
         lhs, rhs = call.args
         out, shape = _shape(var), _shape(lhs)
         dtype = _dtype(var)
-        weight = self.weight(rhs)
-        if (weight is None or out is None or shape is None or dtype not in _FLOATS
-                or _dtype(lhs) != dtype or weight.dtype != np.dtype(dtype)
-                or shape[-1] != weight.shape[0] or not isinstance(lhs, relax.Var)):
+        found = self.weight(rhs)
+        if (found is None or out is None or shape is None or dtype not in _FLOATS
+                or _dtype(lhs) != dtype or _dtype(found[0]) != dtype
+                or not isinstance(lhs, relax.Var)):
             return None
-        biased = self.bias(var, weight.shape[1])
-        if biased is not None and biased[1].dtype == weight.dtype:
-            return Branch(biased[0], var, lhs, weight, biased[1])
-        return Branch(var, var, lhs, weight, None)
+        branch = Branch(var, var, lhs, *found, None)
+        if shape[-1] != _shape(found[0])[1 if branch.transposed else 0]:
+            return None
+        biased = self.bias(var, branch.width)
+        if biased is not None and biased[1].dtype == np.dtype(dtype):
+            return Branch(biased[0], var, lhs, *found, biased[1])
+        return branch
 
 
 def find_siblings(func: relax.Function) -> list[Siblings]:
@@ -198,7 +210,7 @@ class _Rewriter(relax.PyExprMutator):
         for s in sets:
             start = 0
             for b in s.branches:
-                width = b.weight.shape[1]
+                width = b.width
                 self.slices[b.var] = (s, start, start + width)
                 if b.matmul is not b.var:
                     self.dropped.add(b.matmul)
