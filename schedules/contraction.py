@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from . import conv, depthwise, gemm
+from . import conv, depthwise, depthwise_nhwc, gemm
 from ._common import (
     inline_epilogue,
     inline_spatial,
@@ -207,8 +207,11 @@ class Contraction(SafeRule):
         einsum = gemm.analyze(sch.get(reductions[0]), *operands) if operands else None
         window = conv.analyze(sch.get(reductions[0]), *operands) if operands else None
         dw = depthwise.analyze(sch.get(reductions[0]), *operands) if operands else None
+        dw_last = (depthwise_nhwc.analyze(sch.get(reductions[0]), *operands)
+                   if operands else None)
         shape = _analyze_contraction(sch.get(reductions[0]))
-        if shape is None and einsum is None and window is None and dw is None:
+        if shape is None and einsum is None and window is None and dw is None \
+                and dw_last is None:
             return None
         inline_spatial(sch, protect={name})
         main = sch.get_sblock(name)
@@ -217,7 +220,8 @@ class Contraction(SafeRule):
         if len(consumers) > 1:
             return None
         # a micro-kernel fails whole (on a copy): the general tiling below stands
-        for kernel, roles in ((gemm, einsum), (conv, window), (depthwise, dw)):
+        for kernel, roles in ((gemm, einsum), (conv, window), (depthwise, dw),
+                              (depthwise_nhwc, dw_last)):
             if roles is None:
                 continue
             trial = sch.copy()

@@ -43,7 +43,7 @@ from typing import NamedTuple
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from . import columns, conv_shape, depthwise, gemm
+from . import columns, conv_shape, depthwise, depthwise_nhwc, gemm
 from ._common import is_spatial, root_blocks
 from .conv import choose_conv_tile
 from .gemm_tile import FMA_LATENCY, LOADS_PER_CYCLE, pick_tile, tile_cycles
@@ -68,6 +68,10 @@ E_PATH = {"gemm": 1.0, "conv": 1.0, "tiled": 0.82}
 E_ACTIVATION = 0.78
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
 E_DEPTHWISE = {1: 0.70, 2: 0.32}
+# The channels-last depthwise kernel's (``depthwise_nhwc.py``), the same way: 15 corpus shapes
+# at 1 thread, its padding read in place (rocketlake, 239 GFLOP/s FMA-chain peak; geomean of
+# 11 stride-1 shapes 0.89, range 0.55-1.17; of 4 stride-2 ones 0.46, range 0.22-0.81).
+E_CHANNELS_LAST = {1: 0.89, 2: 0.46}
 
 
 class GemmGeometry(NamedTuple):
@@ -102,6 +106,7 @@ class Geometry(NamedTuple):
     conv: ConvGeometry | None
     tiled: int  # the vectorized extent of the general tiling
     depthwise: int | None = None  # the stride of a depthwise convolution (recorded since)
+    channels_last: int | None = None  # the same for an NHWC one (recorded since)
 
     @classmethod
     def of(cls, value) -> Geometry | None:
@@ -159,7 +164,9 @@ def describe(func: tirx.PrimFunc) -> Geometry | None:
                                  extents[shape.width], *shape.window)
     dw = depthwise.analyze(block, *operands)
     dw_stride = max(dw.rows[1], dw.cols[1]) if dw is not None else None
-    return Geometry(k, gemm_geom, conv_geom, tiled, dw_stride)
+    last = depthwise_nhwc.analyze(block, *operands)
+    last_stride = max(last.rows[1], last.cols[1]) if last is not None else None
+    return Geometry(k, gemm_geom, conv_geom, tiled, dw_stride, last_stride)
 
 
 def _gemm_share(g: GemmGeometry, lanes: int, registers: int) -> float | None:
@@ -219,4 +226,7 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
         return "conv", E_PATH["conv"] * share * reduce
     if g.depthwise is not None:
         return "depthwise", E_DEPTHWISE.get(g.depthwise, E_DEPTHWISE[2]) * reduce
+    if g.channels_last is not None:
+        return ("channels_last",
+                E_CHANNELS_LAST.get(g.channels_last, E_CHANNELS_LAST[2]) * reduce)
     return "tiled", E_PATH["tiled"] * lane_fill(g.tiled, lanes) * reduce

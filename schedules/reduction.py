@@ -24,6 +24,7 @@ from ._common import (
 from ._loops import PARTITION_HINT, SafeRule, loop_kinds, vectorize_with_tail
 from .card import Card, untiled_contraction
 from .classes import ScheduleClass
+from .column_reduction import schedule_columns
 
 
 def _lead_vars(sch, block, n):
@@ -316,6 +317,9 @@ class RowReduction(SafeRule):
         blocks = root_blocks(sch)
         if len(blocks) < 2 or not is_spatial(sch.get(blocks[-1])):
             return None
+        reductions = [b for b in blocks if not is_spatial(sch.get(b))]
+        if len(reductions) == 1 and schedule_columns(sch, reductions[0], target):
+            return sch
         if all(is_spatial(sch.get(b)) for b in blocks):
             return None
         lead, single_row = [], True

@@ -24,6 +24,7 @@ NON_DEFAULT = {
     "max_args": 32,
     "target_preset": "h100",
     "horizontal": "never",
+    "layout": "always",
 }
 
 

@@ -15,9 +15,10 @@ import pytest
 import tvm
 from tvm import relax
 
+from tvm_costfuse.horizontal import MIN_GAIN
 from tvm_costfuse.measurement.timing import run
-from tvm_costfuse.pipelines import build_pipeline, horizontal_passes, scheduled_pipeline
-from tvm_costfuse.horizontal import MIN_GAIN, costfuse_model
+from tvm_costfuse.pipelines import build_pipeline, costfuse_passes, scheduled_pipeline
+from tvm_costfuse.pre_fusion import costfuse_model
 from tvm_costfuse.siblings import (
     combine_siblings,
     constant_bytes,
@@ -154,7 +155,7 @@ def test_never_leaves_the_module_alone_and_cost_keeps_both_prices():
 def test_a_tool_that_builds_its_own_plan_sees_the_model_costfuse_builds():
     rng = np.random.default_rng(2)
     mod = _program(rng, (1, 64), [64, 64], False, True, False)
-    out, sets = costfuse_model(mod, "llvm", horizontal="always")
+    out, sets, _layout = costfuse_model(mod, "llvm", horizontal="always")
     assert [s.combine for s in sets] == [True]
     assert not find_siblings(out["main"])
 
@@ -214,7 +215,7 @@ def test_mixed_and_shared_siblings_group_by_their_form():
 
 
 def _pipeline_head(costfuse):
-    return horizontal_passes(costfuse)
+    return costfuse_passes(costfuse)
 
 
 def test_the_priced_programs_are_the_siblings_alone():

@@ -221,7 +221,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .report.explain import draw, explain, format_text
 
     caps = {"max_chain_length": args.max_chain_length, "max_body_ops": args.max_body_ops,
-            "register_budget": args.register_budget, "horizontal": args.horizontal}
+            "register_budget": args.register_budget, "horizontal": args.horizontal,
+            "layout": args.layout}
     report = explain(args.model, args.target, small=args.small, fold=not args.no_fold, **caps)
     print(json.dumps(report, indent=1) if args.json else format_text(report))
     if args.plot:

@@ -26,7 +26,7 @@ from .cli_types import (
     target_spec,
     tune_model,
 )
-from .config import HORIZONTAL, INT_RANGES, FusionConfig
+from .config import HORIZONTAL, INT_RANGES, LAYOUTS, FusionConfig
 from .report.compare import COMPARED, TARGETS
 from .targets import preset_names
 
@@ -74,7 +74,7 @@ _SMALL = "the model's small test shapes (seconds to build, not minutes)"
 
 def _caps(parser: argparse.ArgumentParser) -> None:
     """The ``FusionConfig`` caps as options, with the ranges the config itself enforces, and
-    the horizontal step's choice."""
+    the horizontal and layout steps' choices."""
     defaults = FusionConfig()
     for field, what in (("max_chain_length", "longest producer->consumer chain in one group"),
                         ("max_body_ops", "most ops in one group"),
@@ -87,6 +87,10 @@ def _caps(parser: argparse.ArgumentParser) -> None:
                         help="sibling matmuls of one input as one matmul: where the cost model "
                              "prices it faster (cost), never, or always: costfuse.horizontal "
                              f"(default {defaults.horizontal})")
+    parser.add_argument("--layout", choices=LAYOUTS, default=None,
+                        help="depthwise and 1x1 convolutions channels-last (NHWC): where the "
+                             "cost model prices the model faster so (cost), never, or always: "
+                             f"costfuse.layout (default {defaults.layout})")
 
 
 def build_parser() -> argparse.ArgumentParser:

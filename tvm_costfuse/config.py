@@ -43,6 +43,7 @@ PREFIX = "costfuse."
 COST_MODELS = ("analytical", "xgb", "measured")
 SEARCHES = ("greedy", "exact")
 HORIZONTAL = ("cost", "never", "always")
+LAYOUTS = ("cost", "never", "always")
 
 # PassContext key -> TVM type string ("int" or "str", what ``PassContext.list_configs`` shows).
 CONFIG_KEYS: dict[str, str] = {
@@ -54,6 +55,7 @@ CONFIG_KEYS: dict[str, str] = {
     "costfuse.max_args": "int",
     "costfuse.target_preset": "str",
     "costfuse.horizontal": "str",
+    "costfuse.layout": "str",
 }
 
 # Inclusive ranges for the int keys (why: see the field comments on FusionConfig).
@@ -64,7 +66,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "max_args": (2, 512),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {"cost_model": COST_MODELS, "search": SEARCHES,
-                                        "horizontal": HORIZONTAL}
+                                        "horizontal": HORIZONTAL, "layout": LAYOUTS}
 _PRESET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
@@ -106,6 +108,11 @@ class FusionConfig:
     # (``siblings.py``): "cost" where the cost model prices it faster, "never", or "always"
     # (the trivial baselines its decisions are measured against).
     horizontal: str = "cost"
+    # Depthwise and 1x1 convolutions channels-last (``layouts.py``): "cost" where the cost
+    # model prices the model faster so, "never", or "always" (the trivial baselines). Off by
+    # default: on 14 corpus CNNs its cost decision chose channels-last where it ran 0.70x
+    # (densenet121) and kept NCHW where channels-last ran 1.14-1.40x (docs/log/2026-12-07g.md).
+    layout: str = "never"
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in INT_RANGES.items():

@@ -11,8 +11,8 @@ rewrite needs the high-level matmuls). ``costfuse.horizontal``:
   consumer, which gains more than priced). Combined where it is priced ``MIN_GAIN`` faster;
 - ``"never"``, ``"always"``: the trivial baselines the decisions are measured against.
 
-Tools that plan CostFuse and build the plan themselves (``costfuse compare``, ``regret``)
-take the model through :func:`costfuse_model` first, so that what they plan is what the
+Tools that plan CostFuse and build the plan themselves take the model through
+:func:`~tvm_costfuse.pre_fusion.costfuse_model` first, so that what they plan is what the
 pipeline builds.
 """
 
@@ -28,7 +28,7 @@ from .siblings import Siblings, combine_siblings, constant_bytes, find_siblings,
 from .targets import resolve
 from .transform import CostFuse, plan_module
 
-__all__ = ["MIN_GAIN", "CombineSiblings", "costfuse_model", "price_siblings"]
+__all__ = ["MIN_GAIN", "CombineSiblings", "decide_siblings", "legalized", "price_siblings"]
 
 # Combine only where the model prices it this much faster: the two sides read the same
 # weights, and a smaller predicted difference is inside what two builds of one kernel differ
@@ -47,7 +47,7 @@ def price_siblings(s: Siblings, desc, config, compile_target,
         mod = sibling_program(first.shape, first.dtype, s.widths, first.bias is not None,
                               combined)
         with compile_target:
-            prepared = _legalized(mod, compile_target)
+            prepared = legalized(mod, compile_target)
             graph = build_graph(prepared)
             graph = replace(graph, constant_bytes=max(graph.constant_bytes, module_constants))
             plan = plan_module(prepared, desc, config, compile_target=compile_target,
@@ -56,7 +56,7 @@ def price_siblings(s: Siblings, desc, config, compile_target,
     return seconds[0], seconds[1]
 
 
-def _legalized(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+def legalized(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """What every pipeline runs before its fusion slot, folding aside: ``pipelines.prepare``'s
     steps, taken here from the target's backend record as it takes them (the pipelines
     import this module, so it cannot import them)."""
@@ -90,7 +90,7 @@ class _Decision:
         s.why = f"predicted {apart * 1e6:.2f} us apart, {combined * 1e6:.2f} us as one"
 
 
-def _combine(mod: tvm.IRModule, costfuse: CostFuse) -> tuple[tvm.IRModule, list[Siblings]]:
+def decide_siblings(mod: tvm.IRModule, costfuse: CostFuse) -> tuple[tvm.IRModule, list[Siblings]]:
     config = costfuse.config()
     priced = None
     if config.horizontal == "cost":
@@ -119,17 +119,7 @@ def CombineSiblings(costfuse: CostFuse) -> tvm.transform.Pass:  # a pass, named 
 
     @tvm.transform.module_pass(opt_level=0, name="CostFuseCombineSiblings")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        out, costfuse.siblings = _combine(mod, costfuse)
+        out, costfuse.siblings = decide_siblings(mod, costfuse)
         return out
 
     return _pass
-
-
-def costfuse_model(mod: tvm.IRModule, target, **config) -> tuple[tvm.IRModule, list[Siblings]]:
-    """``mod`` as CostFuse's pipeline hands it on after its sibling step (``target``: what
-    :func:`~tvm_costfuse.targets.resolve` takes; ``config``: ``FusionConfig`` fields), and the
-    sets found: for a tool that plans CostFuse itself and builds the plan through
-    ``ApplyPartition`` (which runs no sibling step)."""
-    resolved = resolve(target)
-    with resolved.tvm:
-        return _combine(mod, CostFuse(target=resolved, **config))

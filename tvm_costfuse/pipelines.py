@@ -20,6 +20,7 @@ from tvm import relax
 
 from .fold import FoldWeights
 from .horizontal import CombineSiblings
+from .layouts import ChannelsLast
 from .schedules import backend as schedule_backend
 from .targets import compile_target, for_pipeline
 from .transform import CostFuse
@@ -62,10 +63,13 @@ def default_schedule(target: tvm.target.Target) -> tvm.transform.Pass:
     return schedule_backend(target).schedule_pass(target)
 
 
-def horizontal_passes(fusion) -> list[tvm.transform.Pass]:
-    """Where ``fusion`` is CostFuse, its sibling-matmul step (:mod:`.horizontal`): a fusion
-    decision made on the high-level matmuls, before LegalizeOps. Other strategies: none."""
-    return [CombineSiblings(fusion)] if isinstance(fusion, CostFuse) else []
+def costfuse_passes(fusion) -> list[tvm.transform.Pass]:
+    """Where ``fusion`` is CostFuse, its steps on the high-level ops, before LegalizeOps: the
+    layout decision (:mod:`.layouts`), then the sibling matmuls (:mod:`.horizontal`). Other
+    strategies: none."""
+    if not isinstance(fusion, CostFuse):
+        return []
+    return [ChannelsLast(fusion), CombineSiblings(fusion)]
 
 
 def build_pipeline(
@@ -76,7 +80,7 @@ def build_pipeline(
 ) -> tvm.transform.Pass:
     """TVM's pipeline for ``target`` with ``fusion`` in FuseOps' place (None: fuse nothing),
     ``schedule`` right after FuseTIR, and (``fold``) weight folding first; where ``fusion``
-    is CostFuse, its sibling-matmul step follows the folding (:func:`horizontal_passes`).
+    is CostFuse, its layout and sibling-matmul steps follow the folding (:func:`costfuse_passes`).
 
     On llvm ``schedule=None`` leaves the kernels unscheduled; where a kernel cannot build
     without thread bindings (CUDA: the backend's ``needs_schedule``) it means
@@ -94,7 +98,7 @@ def build_pipeline(
         # TVM changed its pipeline: fail loudly instead of silently not fusing.
         raise RuntimeError(f"TVM's {target.kind.name} legalize_passes no longer contain "
                            "FuseOps and FuseTIR")
-    passes = ([FoldWeights] if fold else []) + horizontal_passes(fusion)
+    passes = ([FoldWeights] if fold else []) + costfuse_passes(fusion)
     passes += list(backend.library_dispatch_passes(target))
     for p in legalize:
         name = p.info.name

@@ -34,6 +34,9 @@ VARIANTS = {"costfuse-xgb": ("costfuse", {"cost_model": "xgb"}),
              "costfuse-measured": ("costfuse", {"cost_model": "measured"}),
              "costfuse-exact": ("costfuse", {"search": "exact"}),
              "costfuse-xgb-exact": ("costfuse", {"cost_model": "xgb", "search": "exact"}),
+             # the layout step's choices (``layouts.py``): channels-last always, or by price
+             "costfuse-nhwc": ("costfuse", {"layout": "always"}),
+             "costfuse-layout": ("costfuse", {"layout": "cost"}),
              # weight folding off: what folding is worth, beside the same strategy with it
              "none-unfolded": ("none", {"fold": False}),
              "tvm-unfolded": ("tvm", {"fold": False}),

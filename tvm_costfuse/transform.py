@@ -149,9 +149,12 @@ class CostFuse:
     max_args: int | None = None
     target_preset: str | None = None
     horizontal: str | None = None
+    layout: str | None = None
     plans: dict = field(default_factory=dict)
     #: sibling matmul sets the pipeline's CombineSiblings step found, each with its decision
     siblings: list = field(default_factory=list)
+    #: the pipeline's ChannelsLast step's decision (``layouts.Layout``; None before it runs)
+    layout_decision: object = None
 
     def config(self) -> FusionConfig:
         register_config_keys()
@@ -164,6 +167,7 @@ class CostFuse:
             max_args=self.max_args,
             target_preset=self.target_preset,
             horizontal=self.horizontal,
+            layout=self.layout,
         )
 
     def describe_target(self, config: FusionConfig) -> TargetDesc:

@@ -33,11 +33,11 @@ from .. import models
 from ..config import FusionConfig, register_config_keys
 from ..cost.extract import group_features
 from ..graph import OpGraph, build_graph
-from ..horizontal import costfuse_model
 from ..measurement.timing import interleaved_medians, max_mismatch, run
 from ..partition import ApplyPartition, fuseops_groups
 from ..pipelines import prepare
 from ..planner import plan_cost
+from ..pre_fusion import costfuse_model
 from ..rules import rules_groups
 from ..strategies import split_strategy, strategy_pipeline, tir_pipeline
 from ..targets import Target, TargetDesc, resolve
@@ -188,11 +188,11 @@ def _model_cells(spec: str, strategies: Sequence[str], targets: Sequence[_Target
 
 def _strategy_input(strategy: str, mod, prepared, graph, t: _Target):
     """(model, prepared module, graph) a strategy plans and builds: CostFuse's after its
-    sibling step (:func:`~tvm_costfuse.horizontal.costfuse_model`), the others' as given."""
+    sibling step (:func:`~tvm_costfuse.pre_fusion.costfuse_model`), the others' as given."""
     base, config = _split(strategy)
     if base != "costfuse":
         return mod, prepared, graph
-    smod, _sets = costfuse_model(mod, t.target, **{k: v for k, v in config.items()
+    smod, _sets, _layout = costfuse_model(mod, t.target, **{k: v for k, v in config.items()
                                                    if k != "fold"})
     sprepared = prepare(smod, t.tvm_target)
     return smod, sprepared, build_graph(sprepared)

@@ -18,9 +18,9 @@ from ..config import FusionConfig
 from ..cost.analytical import estimate
 from ..cost.extract import group_features
 from ..graph import OpGraph, build_graph
-from ..horizontal import costfuse_model
 from ..partition import fuseops_groups
 from ..pipelines import prepare
+from ..pre_fusion import costfuse_model
 from ..regions import differing_regions
 from ..targets import TargetDesc, resolve
 from ..transform import plan_module
@@ -107,11 +107,14 @@ def summary(mod: tvm.IRModule, target, measured: float, shown: int = 8) -> list[
     desc, config = resolve(target).desc, FusionConfig.resolve()
     plan = plan_module(prepared, desc, config)
     diffs = differences(graph, desc, config, fuseops_groups(prepared), plan.groups)
-    _model, sets = costfuse_model(mod, target)
+    _model, sets, layout = costfuse_model(mod, target)
     combined = [x for x in sets if x.combine]
     aside = ([(f"CostFuse also combined {len(combined)} set(s) of sibling matmuls into one "
               "matmul each (`costfuse explain` prices them; not in the regions below)")]
              if combined else [])
+    if layout.chosen:
+        aside.append(f"CostFuse also ran {layout.convolutions} convolutions channels-last "
+                     f"({layout.why}; the regions below are planned as imported)")
     if not diffs:
         return aside + [("CostFuse chose FuseOps' kernels on this model: the latencies differ "
                         "by noise only")]

@@ -21,10 +21,10 @@ from ..cost.extract import group_features
 from ..cost.features import op_class
 from ..fold import fold_weights
 from ..graph import OpGraph, build_graph
-from ..horizontal import costfuse_model
 from ..partition import fuseops_groups, resolve_groups
 from ..pipelines import prepare
 from ..planner import initial_units, plan_cost
+from ..pre_fusion import costfuse_model
 from ..rules import rules_groups
 from ..targets import TargetDesc, resolve
 from ..transform import plan_module
@@ -124,9 +124,10 @@ def explain(
         another kernel than their card priced: ops, the class they are priced as, why;
         ``rule_check``); ``folded`` (weight-only work folded before
         planning, one line per rewritten binding); ``horizontal`` (sibling matmul sets, each
-        combined or left apart, with both prices: :mod:`tvm_costfuse.horizontal`); ``totals``
-        for ``costfuse``, ``fuseops``, ``rules`` and ``none``, each partition of the graph the
-        sibling step left.
+        combined or left apart, with both prices: :mod:`tvm_costfuse.horizontal`); ``layout``
+        (whether the depthwise and 1x1 convolutions run channels-last, why, both prices:
+        :mod:`tvm_costfuse.layouts`); ``totals`` for ``costfuse``, ``fuseops``, ``rules`` and
+        ``none``, each partition of the graph the layout and sibling steps left.
     """
     register_config_keys()
     name = model if isinstance(model, str) else "<module>"
@@ -134,7 +135,8 @@ def explain(
         model, _ = models.load(model, small=small)
     resolved = resolve(target)
     model, folds = fold_weights(model) if fold else (model, [])
-    model, siblings = costfuse_model(model, resolved, **config)  # as the pipeline hands it on
+    # as the pipeline hands it on
+    model, siblings, layout = costfuse_model(model, resolved, **config)
     mod = prepare(model, resolved.tvm, fold=False)
     desc = resolved.desc
     cfg = FusionConfig.resolve(**config)
@@ -184,6 +186,8 @@ def explain(
         "mismatched": [[list(g), cls, why] for g, cls, why in plan.mismatched],
         "folded": [str(f) for f in folds],
         "horizontal": [str(x) for x in siblings],
+        "layout": {"channels_last": layout.chosen, "convolutions": layout.convolutions,
+                   "why": layout.why, "predicted_s": list(layout.prices or ())},
         "totals": {k: _totals(graph, desc, cfg, g) for k, g in partitions.items()},
         "partitions": partitions,
         "edges": [[p, n.name] for n in graph.nodes for p in graph.producers(n.name)],
@@ -222,6 +226,10 @@ def format_text(report: dict, max_decisions: int = 40) -> str:
     lines += [f"  note: {n}" for n in report["notes"]]
     lines += [f"  folded: {f}" for f in report.get("folded", ())]
     lines += [f"  horizontal: {h}" for h in report.get("horizontal", ())]
+    layout = report.get("layout")
+    if layout and layout["convolutions"]:
+        lines.append(f"  layout: {'channels-last' if layout['channels_last'] else 'as imported'}"
+                     f": {layout['why']}")
     lines += ["", f"{'partition':<10} {'kernels':>7} {'pred us':>10} {'intermediate KiB':>17}"]
     for k, t in report["totals"].items():
         lines.append(f"{k:<10} {t['kernels']:>7} {_us(t['predicted_s']):>10} "

@@ -48,7 +48,6 @@ from dataclasses import replace
 import numpy as np
 import tvm
 
-from ..horizontal import costfuse_model
 from ..measurement.peers import thread_pool, time_builds, with_threads
 from ..measurement.quiet import OtherLoad
 from ..measurement.timing import (
@@ -59,6 +58,7 @@ from ..measurement.timing import (
     vm_sampler,
 )
 from ..partition import ApplyPartition
+from ..pre_fusion import costfuse_model
 from ..strategies import strategy_pipeline, tir_pipeline
 from ..targets import TargetDesc, host_target
 from .paired import paired_ratio, rebuild_band
@@ -87,7 +87,7 @@ def regret(mod: tvm.IRModule, inputs, threads: int, repeat: int,
     """One model's regret row at ``threads`` threads (see the module's docstring), on the
     model as CostFuse's pipeline hands it on after its sibling step (every plan alike)."""
     target = host_target(threads)
-    mod, _sets = costfuse_model(mod, desc or target)
+    mod, _sets, _layout = costfuse_model(mod, desc or target)
     p = plans(mod, target, desc)
     say = progress or (lambda _m: None)
 
