@@ -163,10 +163,10 @@ def test_every_package_folder_is_installed():
 def test_each_target_kind_has_one_record_per_layer_and_others_are_refused_by_name():
     import pytest
     import tvm
-    from tvm_costfuse.schedules import backend
 
     from tvm_costfuse.cost.analytical import kind_model
     from tvm_costfuse.pipelines import build_pipeline
+    from tvm_costfuse.schedules import backend
     from tvm_costfuse.targets import resolve
     from tvm_costfuse.tuning.runners import runner_kind
 

@@ -25,10 +25,10 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm_costfuse.cost import learned
 from tvm_costfuse.graph import build_graph
-from tvm_costfuse.records.database import GroupDatabase, failure_kind
-from tvm_costfuse.records.integrity import DatabaseLocked, exclusive
 from tvm_costfuse.targets import for_target, host_target
+from tvm_costfuse.records.database import GroupDatabase, failure_kind
 from tvm_costfuse.tuning.feedback import MeasureConfig, candidate_groups, measure_model
+from tvm_costfuse.records.integrity import DatabaseLocked, exclusive
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "rmsnorm"

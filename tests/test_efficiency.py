@@ -10,11 +10,11 @@ import dataclasses
 import numpy as np
 import pytest
 from tvm import relax
-from tvm_costfuse.schedules.efficiency import fraction_of_peak
 
 from tvm_costfuse import build_graph
 from tvm_costfuse.cost import analytical, group_features
 from tvm_costfuse.pipelines import prepare
+from tvm_costfuse.schedules.efficiency import fraction_of_peak
 from tvm_costfuse.targets import host
 
 AVX512 = (16, 32)  # float32 lanes, vector registers

@@ -13,9 +13,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm_costfuse.cost.features import FEATURE_NAMES
 from tvm_costfuse.graph import build_graph
-from tvm_costfuse.records.database import FAILED_RUN_SECS, GroupDatabase
 from tvm_costfuse.targets import for_target, host_target
 from tvm_costfuse.tuning import feedback, runners
+from tvm_costfuse.records.database import FAILED_RUN_SECS, GroupDatabase
 from tvm_costfuse.tuning.feedback import (
     MeasureConfig,
     candidate_groups,

@@ -207,9 +207,8 @@ def test_corpus_transformer_matmuls_all_get_the_contraction_rule(model):
     CostFuse, gets the contraction rule; attention's batch matmuls (per-head 197 or 128 rows,
     K = head width), which CostFuse fuses with the softmax between them, the attention rule."""
     pytest.importorskip("torch")
-    from tvm_costfuse.schedules import Attention
-
     from tvm_costfuse.models import corpus
+    from tvm_costfuse.schedules import Attention
 
     mod = corpus.load(model, small=True)[0]
     fused = fuse(mod, TARGET, fusion_pass("costfuse", TARGET))

@@ -724,6 +724,7 @@ def test_pooling_window_keeps_a_concat_it_rereads_materialized():
 ])
 def test_window_rereads_knows_which_windows_overlap(taps, stride, dilation, rereads):
     from tvm import s_tir, te
+
     from tvm_costfuse.schedules._common import window_rereads
 
     a = te.placeholder((1, 4, 33), name="a")
@@ -738,6 +739,7 @@ def test_window_rereads_knows_which_windows_overlap(taps, stride, dilation, rere
 
 def test_window_rereads_is_false_for_a_reduction_over_a_flattened_axis():
     from tvm import s_tir, te
+
     from tvm_costfuse.schedules._common import window_rereads
 
     a = te.placeholder((1, 8 * 49), name="a")

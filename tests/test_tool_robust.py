@@ -27,10 +27,9 @@ from tvm_costfuse.cost import learned
 from tvm_costfuse.cost.measured import load_measured
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.pipelines import prepare
-from tvm_costfuse.records.database import GroupDatabase
-from tvm_costfuse.records.integrity import WORKLOAD_FILE, exclusive
 from tvm_costfuse.report.compare import compare
 from tvm_costfuse.targets import host_target
+from tvm_costfuse.records.database import GroupDatabase
 from tvm_costfuse.tuning.feedback import (
     MeasureConfig,
     group_kernel,
@@ -38,6 +37,7 @@ from tvm_costfuse.tuning.feedback import (
     refeature,
     schedule_kernel,
 )
+from tvm_costfuse.records.integrity import WORKLOAD_FILE, exclusive
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 NOT_RECORDS = [b"[]", b'{"x": 1}', b"42"]

@@ -16,8 +16,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm_costfuse import models
 from tvm_costfuse.measurement.timing import assert_close, build, run
-from tvm_costfuse.records.database import default_work_dir
 from tvm_costfuse.targets import host_target
+from tvm_costfuse.records.database import default_work_dir
 
 # One worker runs this file, so the tuning run below is made once, not once per worker.
 pytestmark = pytest.mark.xdist_group("metaschedule-tuning")

@@ -11,12 +11,12 @@ import dataclasses
 import numpy as np
 import tvm
 from tvm import relax
-from tvm_costfuse.schedules.classes import ScheduleClass as SC
 
 from tvm_costfuse import FusionConfig, build_graph, plan_greedy, strategy_pipeline
 from tvm_costfuse.cost import group_features
 from tvm_costfuse.measurement.timing import run
 from tvm_costfuse.pipelines import prepare
+from tvm_costfuse.schedules.classes import ScheduleClass as SC
 from tvm_costfuse.targets import host, host_target
 
 # A CPU described without this machine (named ISA, fixed caches, default figures).
