@@ -16,17 +16,21 @@ import numpy as np
 import torch
 import tvm
 from tvm import relax
+from tvm_costfuse.schedules.efficiency import K0
 
 from tvm_costfuse import host_target, strategy_pipeline, tir_pipeline
 from tvm_costfuse.graph import build_graph
 from tvm_costfuse.horizontal import legalized
 from tvm_costfuse.measurement.timing import geomean, interleave, run, vm_sampler
+from tvm_costfuse.targets import host
 from tvm_costfuse.transform import CostFuse, plan_module
 
-CASES = [  # in channels, out channels, size, kernel, stride (depthwise where in == out == -)
+CASES = [  # kind (dw: depthwise, pw: 1x1), in and out channels, size, kernel, stride
     ("dw", 96, 96, 112, 3, 2), ("dw", 144, 144, 56, 3, 1), ("dw", 144, 144, 56, 3, 2),
     ("dw", 192, 192, 28, 3, 1), ("dw", 384, 384, 14, 3, 1), ("dw", 960, 960, 7, 3, 1),
     ("dw", 240, 240, 28, 5, 1), ("dw", 672, 672, 14, 5, 2), ("dw", 72, 72, 56, 3, 1),
+    ("dw", 192, 192, 28, 3, 2), ("dw", 576, 576, 14, 3, 1), ("dw", 480, 480, 14, 5, 1),
+    ("dw", 1152, 1152, 7, 5, 1), ("dw", 120, 120, 28, 5, 1), ("dw", 200, 200, 14, 3, 1),
     ("pw", 16, 96, 112, 1, 1), ("pw", 96, 24, 56, 1, 1), ("pw", 24, 144, 56, 1, 1),
     ("pw", 144, 32, 28, 1, 1), ("pw", 192, 64, 14, 1, 1), ("pw", 384, 96, 14, 1, 1),
     ("pw", 576, 160, 7, 1, 1), ("pw", 960, 320, 7, 1, 1), ("pw", 320, 1280, 7, 1, 1),
@@ -108,6 +112,22 @@ def main() -> None:
     for lay, r in ratios.items():
         print(f"predicted / measured {lay}: geomean {geomean(r):.2f}, "
               f"range {min(r):.2f}-{max(r):.2f}")
+    # each depthwise kernel's share of the FMA peak over the K term, as efficiency.py fits
+    # E_DEPTHWISE (NCHW) and E_CHANNELS_LAST (NHWC)
+    peak = host(args.threads).peak("float32")
+    for lay in ("NCHW", "NHWC"):
+        shares: dict[int, list[float]] = {}
+        for case in CASES:
+            kind, cin, _cout, size, k, s = case
+            if kind != "dw":
+                continue
+            out = (size + 2 * (k // 2) - k) // s + 1
+            flops = 2.0 * cin * k * k * out * out
+            seconds = float(np.median(samples[(case, lay)]))
+            shares.setdefault(s, []).append(flops / seconds / peak / (k * k / (k * k + K0)))
+        print(f"depthwise {lay} share over the K term, geomean by stride: " + ", ".join(
+            f"stride {s} {geomean(v):.2f} ({len(v)} shapes, {min(v):.2f}-{max(v):.2f})"
+            for s, v in sorted(shares.items())))
 
 
 if __name__ == "__main__":

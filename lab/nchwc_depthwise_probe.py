@@ -101,7 +101,6 @@ def main() -> None:
         got = bufs[2].numpy().transpose(0, 1, 4, 2, 3).reshape(1, c, out, out)
         ref = bench_kernels.torch_call(case, arrays)().numpy()
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
-        f = lib["main"] if "main" in dir(lib) else lib
         samplers[(name, "nchwc")] = call_sampler(lambda f=lib, b=bufs: f(*b))
     samples = interleave(samplers, args.repeat)
     print(f"target {target} threads={args.threads} lanes={lanes} tile {args.rows}x{args.cols}")

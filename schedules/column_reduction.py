@@ -1,4 +1,4 @@
-"""Reductions over the outer axes of a channels-last tensor: the vector axis is kept, not reduced.
+"""A reduction over the image of a channels-last tensor: the channels stay the vector axis.
 
 A mean over the image of an NHWC tensor (a squeeze-excite block's squeeze, a global average
 pool), ``S[n, c] += X[n, h, w, c]``, reduces axes that lie outside the contiguous one. The row
@@ -30,9 +30,11 @@ def column_tile(extent: int, lanes: int) -> int:
 
 
 def _column_loop(sch: s_tir.Schedule, block):
-    """(the last spatial loop, the reduction loops) where ``block`` reduces only axes outside
-    the last axis of what it reads and writes, its last spatial loop indexing that axis
-    everywhere; None otherwise (a row reduction, a window, a non-trivial binding)."""
+    """(the last spatial loop, the reduction loops) where ``block`` reduces the image of a
+    channels-last tensor: it reads one 4-d buffer whose two middle axes are its reduction
+    loops' and whose last axis is its last spatial loop's, as is its output's last axis;
+    None otherwise (a row reduction, a window, a non-trivial binding, other shapes: a column
+    reduction of another form is left to the row rule, unmeasured here)."""
     kinds = loop_kinds(sch, block)
     loops = sch.get_loops(block)
     if kinds is None or "R" not in kinds or kinds[-1] != "R" or "S" not in kinds:
@@ -53,6 +55,12 @@ def _column_loop(sch: s_tir.Schedule, block):
             return None
         if any(uses(r.min, var) for r in region.region[:-1]):
             return None
+    reduced = [iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(stmt.reads) != 1 or len(stmt.reads[0].region) != 4 or len(reduced) != 2:
+        return None
+    middle = [r.min for r in stmt.reads[0].region[1:3]]
+    if not all(isinstance(m, tirx.Var) and any(m.same_as(v) for v in reduced) for m in middle):
+        return None
     return column, loops[first_r:]
 
 

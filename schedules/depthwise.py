@@ -51,15 +51,27 @@ from .conv_shape import _coefficient
 from .gemm import _try
 from .gemm_tile import accumulator_budget
 
-__all__ = ["DepthwiseShape", "DepthwiseTile", "analyze", "choose_depthwise_tile",
-           "deinterleave_columns", "order_parity_last", "schedule", "unroll_short_row",
-           "vectorize_last"]
+__all__ = [
+    "MAX_TAPS",
+    "DepthwiseShape",
+    "DepthwiseTile",
+    "analyze",
+    "axis_window",
+    "choose_depthwise_tile",
+    "deinterleave_columns",
+    "is_var",
+    "order_parity_last",
+    "schedule",
+    "unroll_short_row",
+    "vectorize_last",
+    "window_block",
+]
 
 _log = logging.getLogger(__name__)
 
 # Windows with more taps than this are no depthwise layer of the corpus (3x3, 5x5; 7x7 in
 # ConvNeXt): an unrolled 9x9 window would be a large body for little gain.
-_MAX_TAPS = 49
+MAX_TAPS = 49
 
 
 @dataclass(frozen=True)
@@ -96,11 +108,12 @@ def _vars(expr) -> list[tirx.Var]:
     return found
 
 
-def _is(expr, var) -> bool:
+def is_var(expr, var) -> bool:
+    """Whether ``expr`` is the variable ``var`` itself."""
     return isinstance(expr, tirx.Var) and expr.same_as(var)
 
 
-def _axis_window(index, out_var, reduce_var, extents) -> tuple[int, int, int] | None:
+def axis_window(index, out_var, reduce_var, extents) -> tuple[int, int, int] | None:
     """(taps, stride, dilation) of ``index == out_var * s + reduce_var * d``; None otherwise
     (an offset, another var, a product)."""
     found = _vars(index)
@@ -115,10 +128,11 @@ def _axis_window(index, out_var, reduce_var, extents) -> tuple[int, int, int] | 
     return int(extents[reduce_var]), stride, dilation
 
 
-def analyze(block: s_tir.SBlock, store, lhs, rhs) -> DepthwiseShape | None:
-    """Roles for ``store = store + lhs * rhs`` when it is an NCHW depthwise convolution with
-    multiplier 1 (the input's channel index is the output's channel var); None otherwise
-    (dense and grouped convolutions, matmuls, NHWC, a channel multiplier)."""
+def window_block(block: s_tir.SBlock, store):
+    """(output indices, extents, the two reduction vars) of a block that may be a 2-d
+    depthwise window over a 4-d output: static extents, output indices vars or constants, the
+    last three data-parallel vars, two reduction vars; None otherwise. Which of the last three
+    is the channel is the layout's business (``analyze`` here, ``depthwise_nhwc.analyze``)."""
     kinds = {iv.var: iv.iter_type for iv in block.iter_vars}
     extents = {iv.var: iv.dom.extent for iv in block.iter_vars}
     if not all(isinstance(e, tirx.IntImm) for e in extents.values()):
@@ -126,26 +140,35 @@ def analyze(block: s_tir.SBlock, store, lhs, rhs) -> DepthwiseShape | None:
     out = list(store.indices)
     if len(out) != 4 or not all(isinstance(i, tirx.Var | tirx.IntImm) for i in out):
         return None
-    channel, height, width = out[1], out[2], out[3]
     if not all(isinstance(v, tirx.Var) and kinds.get(v) == tirx.IterVar.DataPar
-               for v in (channel, height, width)):
+               for v in out[1:]):
         return None
     reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    if len(reduce) != 2:
+    return (out, extents, reduce) if len(reduce) == 2 else None
+
+
+def analyze(block: s_tir.SBlock, store, lhs, rhs) -> DepthwiseShape | None:
+    """Roles for ``store = store + lhs * rhs`` when it is an NCHW depthwise convolution with
+    multiplier 1 (the input's channel index is the output's channel var); None otherwise
+    (dense and grouped convolutions, matmuls, NHWC, a channel multiplier)."""
+    found = window_block(block, store)
+    if found is None:
         return None
+    out, extents, reduce = found
+    channel, height, width = out[1], out[2], out[3]
     for weight, data in ((lhs, rhs), (rhs, lhs)):
         w, d = list(weight.indices), list(data.indices)
-        if len(w) != 4 or len(d) != 4 or not _is(w[0], channel) or not _is(d[1], channel):
+        if len(w) != 4 or len(d) != 4 or not is_var(w[0], channel) or not is_var(d[1], channel):
             continue
         if not (isinstance(w[1], tirx.IntImm) and int(w[1]) == 0
-                and _is(w[2], reduce[0]) and _is(w[3], reduce[1])):
+                and is_var(w[2], reduce[0]) and is_var(w[3], reduce[1])):
             continue
-        if not (_is(d[0], out[0]) if isinstance(out[0], tirx.Var) else
+        if not (is_var(d[0], out[0]) if isinstance(out[0], tirx.Var) else
                 isinstance(d[0], tirx.IntImm) and int(d[0]) == int(out[0])):
             continue  # the batch
-        rows = _axis_window(d[2], height, reduce[0], extents)
-        cols = _axis_window(d[3], width, reduce[1], extents)
-        if rows is None or cols is None or rows[0] * cols[0] > _MAX_TAPS:
+        rows = axis_window(d[2], height, reduce[0], extents)
+        cols = axis_window(d[3], width, reduce[1], extents)
+        if rows is None or cols is None or rows[0] * cols[0] > MAX_TAPS:
             return None
         if weight.source.same_as(store.buffer) or data.source.same_as(store.buffer):
             return None

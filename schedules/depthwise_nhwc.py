@@ -4,17 +4,18 @@
 indices constant). The lanes are channels, so every output vector is ``KH * KW`` FMAs of whole
 input vectors and weight vectors, whatever the image's width or the stride: the NCHW kernel
 (``depthwise.py``) vectorizes along the image row, where a 7- or 14-wide row leaves lanes idle
-and stride 2 must deinterleave the input plane first. Alone, a depthwise convolution on
-blocked channels ran 1.6-3.7x the NCHW kernel over the corpus's shapes (2.5x geomean; 1
-thread, rocketlake, ``lab/nchwc_depthwise_probe.py``). This is the layout XNNPACK runs mobile
+and stride 2 must deinterleave the input plane first. This kernel ran 2.0-5.9x the NCHW
+kernel on 15 corpus shapes, each with its bias and ReLU6 (1 thread, rocketlake,
+``lab/layout_kernels.py``). This is the layout XNNPACK runs mobile
 CNNs in; ``layouts.py`` decides where a model runs channels-last.
 
 ``parallel(n, row tiles) -> column tile -> channel tile -> ry, rx (unrolled) -> rows, columns
 (unrolled) -> channels (vectorized)``: a ``rows x columns`` tile of one channel vector each in
 accumulators, the epilogue computed on them before the one store. The zero pad is read in
 place (its condition in the window's loads), the row and column tile loops partitioned so that
-only the border tiles test it: as a streamed pass of its own the pad copied the whole input
-again, and the kernel ran 2.25x slower over the same 15 shapes (0.9-2.7x per shape).
+only the border tiles test it: as a streamed pass of its own the pad copies the whole input
+again (a one-off A/B while building this measured that 2.25x slower over 15 shapes; the
+script was not kept).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from ._common import (
     vector_lanes,
 )
 from ._loops import PARTITION_HINT, parallelize, read_bytes, schedule_rest
-from .depthwise import _MAX_TAPS, _axis_window, _is
+from .depthwise import MAX_TAPS, axis_window, is_var, window_block
+from .math_calls import short_name
 
 __all__ = ["ChannelsLastShape", "analyze", "channel_tile", "schedule", "spatial_tile"]
 
@@ -61,28 +63,19 @@ def analyze(block: s_tir.SBlock, store, lhs, rhs) -> ChannelsLastShape | None:
     """Roles for ``store = store + lhs * rhs`` when it is an NHWC depthwise convolution with
     multiplier 1 (the input's last index is the output's channel var, the weight is indexed by
     that var and the two window vars, its other indices constant); None otherwise."""
-    kinds = {iv.var: iv.iter_type for iv in block.iter_vars}
-    extents = {iv.var: iv.dom.extent for iv in block.iter_vars}
-    if not all(isinstance(e, tirx.IntImm) for e in extents.values()):
+    found = window_block(block, store)
+    if found is None:
         return None
-    out = list(store.indices)
-    if len(out) != 4 or not all(isinstance(i, tirx.Var | tirx.IntImm) for i in out):
-        return None
+    out, extents, reduce = found
     height, width, channel = out[1], out[2], out[3]
-    if not all(isinstance(v, tirx.Var) and kinds.get(v) == tirx.IterVar.DataPar
-               for v in (channel, height, width)):
-        return None
-    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    if len(reduce) != 2:
-        return None
     for weight, data in ((lhs, rhs), (rhs, lhs)):
         w, d = list(weight.indices), list(data.indices)
-        if len(d) != 4 or not _is(d[3], channel):
+        if len(d) != 4 or not is_var(d[3], channel):
             continue
         named = [i for i in w if not isinstance(i, tirx.IntImm)]
         if len(named) != 3 or not all(isinstance(i, tirx.Var) for i in named):
             continue
-        if not (_is(d[0], out[0]) if isinstance(out[0], tirx.Var) else
+        if not (is_var(d[0], out[0]) if isinstance(out[0], tirx.Var) else
                 isinstance(d[0], tirx.IntImm) and int(d[0]) == int(out[0])):
             continue  # the batch
         # the window var of each image axis is the reduce var its data index moves with
@@ -91,9 +84,9 @@ def analyze(block: s_tir.SBlock, store, lhs, rhs) -> ChannelsLastShape | None:
             return None
         if not all(any(v.same_as(u) for u in named) for v in (channel, *by_axis)):
             continue  # the weight must be indexed by the channel and both window vars
-        rows = _axis_window(d[1], height, by_axis[0], extents)
-        cols = _axis_window(d[2], width, by_axis[1], extents)
-        if rows is None or cols is None or rows[0] * cols[0] > _MAX_TAPS:
+        rows = axis_window(d[1], height, by_axis[0], extents)
+        cols = axis_window(d[2], width, by_axis[1], extents)
+        if rows is None or cols is None or rows[0] * cols[0] > MAX_TAPS:
             return None
         if weight.source.same_as(store.buffer) or data.source.same_as(store.buffer):
             return None
@@ -116,10 +109,22 @@ def spatial_tile(height: int, width: int) -> tuple[int, int]:
     to 4, rows the largest divisor of the height that keeps the tile within
     ``_TILE_VECTORS`` vectors (a 7-wide row: 1 x 7)."""
     cols = largest_divisor(width, 4)
-    if cols < 3:  # a prime row (7, 17): the whole row where it fits, else one column
+    if cols < 3:  # no divisor of 3 or 4 (7, 14, 17): the largest divisor up to 8 columns
         cols = largest_divisor(width, _TILE_VECTORS)
     rows = largest_divisor(height, max(1, _TILE_VECTORS // cols))
     return rows, cols
+
+
+def _zero_pad(block: s_tir.SBlock) -> bool:
+    """Whether ``block`` stores ``if_then_else(inside, source[...], constant)``: the legalized
+    zero pad (a producer that computes or moves data stays a pass of its own: inlined, it
+    would run once per window tap)."""
+    value = getattr(block.body, "value", None)
+    op = getattr(value, "op", None)
+    if op is None or short_name(getattr(op, "name", "")) != "if_then_else":
+        return False
+    return (isinstance(value.args[1], ir.TensorLoad)
+            and isinstance(value.args[2], tirx.FloatImm | tirx.IntImm))
 
 
 def _loops_by_var(sch: s_tir.Schedule, block) -> dict | None:
@@ -147,7 +152,8 @@ def schedule(sch: s_tir.Schedule, name: str, shape: ChannelsLastShape, target
     main = sch.get_sblock(name)
     read = read_bytes(sch, main)
     for producer in sch.get_producers(main):  # the zero pad, read in place (module doc)
-        if sch.get(producer).writes[0].source.same_as(shape.data.source):
+        if sch.get(producer).writes[0].source.same_as(shape.data.source) \
+                and _zero_pad(sch.get(producer)):
             sch.compute_inline(producer)
     stmt = sch.get(main)
     extents = {iv.var: int(iv.dom.extent) for iv in stmt.iter_vars}

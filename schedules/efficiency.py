@@ -69,9 +69,10 @@ E_ACTIVATION = 0.78
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
 E_DEPTHWISE = {1: 0.70, 2: 0.32}
 # The channels-last depthwise kernel's (``depthwise_nhwc.py``), the same way: 15 corpus shapes
-# at 1 thread, its padding read in place (rocketlake, 239 GFLOP/s FMA-chain peak; geomean of
-# 11 stride-1 shapes 0.89, range 0.55-1.17; of 4 stride-2 ones 0.46, range 0.22-0.81).
-E_CHANNELS_LAST = {1: 0.89, 2: 0.46}
+# at 1 thread (``lab/layout_kernels.py``, rocketlake, 239 GFLOP/s FMA-chain peak; 11 stride-1
+# shapes 0.52-1.04, 4 stride-2 ones 0.21-0.74; on the same run the NCHW kernel's shares were
+# 0.30 and 0.10, where E_DEPTHWISE has znver4's).
+E_CHANNELS_LAST = {1: 0.82, 2: 0.44}
 
 
 class GemmGeometry(NamedTuple):

@@ -4,7 +4,8 @@ decision of CostFuse's, made by its cost model for the whole model.
 Why: TVM's importers give convolutions in NCHW, where a depthwise kernel vectorizes along the
 image row (a 7- or 14-wide row leaves lanes idle, stride 2 must deinterleave) and a 1x1
 convolution streams pixels. Channels-last, the depthwise kernel vectorizes over channels
-(``schedules/depthwise_nhwc.py``: 2-3x the NCHW kernel alone) and a 1x1 convolution is a GEMM
+(``schedules/depthwise_nhwc.py``: 2.0-5.9x the NCHW kernel alone on 15 corpus shapes,
+``lab/layout_kernels.py``) and a 1x1 convolution is a GEMM
 whose weight is the packed vector operand. Blocked layouts carried across the conv chain are
 where ONNX Runtime's CNN lead comes from (its NCHWc transformer); XNNPACK runs mobile CNNs
 NHWC. FuseOps has no such choice: its pipelines keep the importer's layout.
@@ -13,8 +14,12 @@ How: TVM's ``ConvertLayout`` (with a per-call callback) turns each depthwise and
 convolution NHWC (weights ``HWOI`` / ``HWIO``: the channel the kernel vectorizes over is
 contiguous) and carries the layout through the ops that follow it (elementwise, pooling,
 means, concatenation), placing ``permute_dims`` where an op keeps NCHW (a dense convolution,
-a reshape of the channels, the model's inputs and outputs). ``clip`` has no layout rule in
-TVM 0.27, so it is first written as the ``maximum`` / ``minimum`` it is (the same values).
+a reshape of the channels, the model's inputs and outputs). A float ``clip`` with constant
+bounds is first written as ``maximum(minimum(x, hi), lo)``, TOPI's own form of it: TVM 0.27
+has no layout rule for ``clip``. Transposed convolutions stay NCHW (TVM legalizes no other
+layout of them); where the converted model would still leave an op TVM cannot legalize, or
+``ConvertLayout`` fails, the model stays as imported and the decision says why. CPU targets
+only: the channels-last kernels are CPU rules.
 ``costfuse.layout``:
 
 - ``"cost"``: the model is legalized and planned both ways, each plan priced by the cost
@@ -49,8 +54,9 @@ _CONV = "relax.nn.conv2d"
 
 @dataclass
 class Layout:
-    """The decision for one model: the convolutions that would turn channels-last, whether
-    they do, why, and the two prices where the cost model was asked (seconds)."""
+    """The decision for one model: the convolutions that turned (or would turn)
+    channels-last, whether they do, why, and the two prices where the cost model was asked
+    (seconds). Filled in as the step decides."""
 
     convolutions: int
     chosen: bool = False
@@ -60,9 +66,9 @@ class Layout:
 
 def _static_shape(expr) -> tuple[int, ...] | None:
     ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+    dims = getattr(ty.shape, "values", None) if isinstance(ty, relax.TensorType) else None
+    if dims is None:  # no shape, or one held in a Relax variable
         return None
-    dims = ty.shape.values
     if not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
         return None
     return tuple(int(d) for d in dims)
@@ -89,28 +95,39 @@ def convertible(call: relax.Call) -> list[str] | None:
     return None
 
 
+_FLOAT = ("float16", "float32", "float64", "bfloat16")
+
+
 @mutator
 class _ClipBounds(PyExprMutator):
-    """``clip(x, lo, hi)`` as ``minimum(maximum(x, lo), hi)``: ConvertLayout carries a layout
-    through those two, not through ``clip``."""
+    """A float ``clip(x, lo, hi)`` with constant bounds as ``maximum(minimum(x, hi), lo)``
+    (``topi.clip``'s order): ConvertLayout carries a layout through those two, not through
+    ``clip``. Other clips (integer tensors, whose bounds may be infinite) stay."""
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip":
-            dtype = str(call.args[0].ty.dtype)
-            lo = relax.const(float(call.args[1].value), dtype)
-            hi = relax.const(float(call.args[2].value), dtype)
-            return relax.op.minimum(relax.op.maximum(call.args[0], lo), hi)
-        return call
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip"):
+            return call
+        dtype = str(getattr(call.args[0].ty, "dtype", ""))
+        bounds = call.args[1:3]
+        if dtype not in _FLOAT or not all(isinstance(b, tvm.tirx.IntImm | tvm.tirx.FloatImm)
+                                          for b in bounds):
+            return call
+        lo, hi = (relax.const(float(b.value), dtype) for b in bounds)
+        return relax.op.maximum(relax.op.minimum(call.args[0], hi), lo)
 
 
-def _count(mod: tvm.IRModule) -> int:
+def _convs(mod: tvm.IRModule, layout: str | None = None) -> int:
+    """Conv2d calls of ``mod``'s Relax functions: those ``convertible`` (``layout`` None), or
+    those whose data layout is ``layout``."""
     found = [0]
 
     def visit(expr) -> None:
         if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
-                and expr.op.name == _CONV and convertible(expr) is not None:
-            found[0] += 1
+                and expr.op.name == _CONV:
+            hit = (convertible(expr) is not None if layout is None
+                   else expr.attrs.data_layout == layout)
+            found[0] += hit
 
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
@@ -118,53 +135,96 @@ def _count(mod: tvm.IRModule) -> int:
     return found[0]
 
 
+def _relax_functions(mod: tvm.IRModule) -> list[str]:
+    return [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+
+
 def channels_last(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with its depthwise and 1x1 convolutions NHWC (module docstring)."""
-    funcs = {}
-    for gv, func in mod.functions.items():
-        funcs[gv] = (_ClipBounds().visit_expr(func) if isinstance(func, relax.Function)
-                     else func)
-    mod = tvm.IRModule(funcs, attrs=mod.attrs)
+    funcs = {gv: _ClipBounds().visit_expr(f) if isinstance(f, relax.Function) else f
+             for gv, f in mod.functions.items()}
+    mod = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
 
     def layouts(call):
-        if call.op.name != _CONV:
+        name = call.op.name
+        if name == "relax.nn.conv2d_transpose" and call.attrs.data_layout == "NCHW":
+            return {name: ["NCHW", "IOHW"]}
+        if name != _CONV or call.attrs.data_layout != "NCHW":
             return {}
-        # no desired layout would let a convolution take its producer's: say NCHW
+        # without a desired layout a convolution would take its producer's: say NCHW
         return {_CONV: convertible(call) or ["NCHW", "OIHW"]}
 
     mod = relax.transform.ConvertLayout({}, layouts)(mod)
-    return relax.transform.DeadCodeElimination()(mod)
+    return relax.transform.DeadCodeElimination(_relax_functions(mod))(mod)
 
 
-def _price(mod: tvm.IRModule, costfuse: CostFuse, compile_target) -> float:
-    """Seconds of the plan CostFuse's planner makes of ``mod`` (legalized as the pipeline
-    would), as its cost model prices it."""
+def _high_level_ops(mod: tvm.IRModule) -> set[str]:
+    """Names of the high-level Relax ops left in ``mod`` (after LegalizeOps: those it could
+    not legalize, besides the ones it never does)."""
+    names: set[str] = set()
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            names.add(expr.op.name)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return names
+
+
+def _price(prepared: tvm.IRModule, costfuse: CostFuse, compile_target) -> float:
+    """Seconds of the plans CostFuse's planner makes of every Relax function of ``prepared``
+    (legalized), as its cost model prices them."""
     config = costfuse.config()
+    desc = costfuse.describe_target(config)
     with compile_target:
-        prepared = legalized(mod, compile_target)
-        plan = plan_module(prepared, costfuse.describe_target(config), config,
-                           compile_target=compile_target, graph=build_graph(prepared))
-    return plan.seconds
+        return sum(plan_module(prepared, desc, config, name, compile_target=compile_target,
+                               graph=build_graph(prepared, name)).seconds
+                   for name in _relax_functions(prepared))
+
+
+def _target(costfuse: CostFuse):
+    target = tvm.target.Target.current()
+    if target is None and costfuse.target is not None:
+        target = resolve(costfuse.target).tvm
+    if target is None:
+        raise ValueError("the layout step decides for the compile target: give CostFuse a "
+                         "target or run it under `with target`")
+    return target
 
 
 def decide_layout(mod: tvm.IRModule, costfuse: CostFuse) -> tuple[tvm.IRModule, Layout]:
+    """``mod`` as the layout step hands it on (channels-last or as imported) and the
+    decision, under ``costfuse``'s config's ``layout`` (module docstring)."""
     mode = costfuse.config().layout
-    found = Layout(_count(mod))
+    found = Layout(_convs(mod))
     if found.convolutions == 0:
         found.why = "no depthwise or 1x1 convolution to run channels-last"
         return mod, found
-    if mode != "cost":
-        found.chosen, found.why = mode == "always", f"costfuse.layout is {mode!r}"
-        return (channels_last(mod) if found.chosen else mod), found
-    compile_target = tvm.target.Target.current()
-    if compile_target is None and costfuse.target is not None:
-        compile_target = resolve(costfuse.target).tvm
-    if compile_target is None:
-        raise ValueError("the layout step prices plans for the compile target: give CostFuse "
-                         "a target or run it under `with target`")
-    converted = channels_last(mod)
-    found.prices = (_price(mod, costfuse, compile_target),
-                    _price(converted, costfuse, compile_target))
+    if mode == "never":
+        found.why = "costfuse.layout is 'never'"
+        return mod, found
+    target = _target(costfuse)
+    if target.kind.name != "llvm":
+        found.why = f"the channels-last kernels are CPU rules, not {target.kind.name}'s"
+        return mod, found
+    try:
+        converted = channels_last(mod)
+    except (RuntimeError, ValueError, TypeError) as err:  # TVM's errors are RuntimeErrors
+        found.why = f"ConvertLayout failed, kept as imported: {str(err).splitlines()[0]}"
+        return mod, found
+    with target:
+        before, after = legalized(mod, target), legalized(converted, target)
+    stuck = _high_level_ops(after) - _high_level_ops(before)
+    if stuck:
+        found.why = f"kept as imported: TVM cannot legalize {', '.join(sorted(stuck))} so"
+        return mod, found
+    found.convolutions = _convs(converted, "NHWC")
+    if mode == "always":
+        found.chosen, found.why = True, "costfuse.layout is 'always'"
+        return converted, found
+    found.prices = (_price(before, costfuse, target), _price(after, costfuse, target))
     nchw, nhwc = found.prices
     found.chosen = nhwc < nchw * (1 - MIN_GAIN)
     found.why = (f"predicted {nchw * 1e3:.3f} ms as imported (NCHW), {nhwc * 1e3:.3f} ms "
@@ -174,7 +234,8 @@ def decide_layout(mod: tvm.IRModule, costfuse: CostFuse) -> tuple[tvm.IRModule, 
 
 def ChannelsLast(costfuse: CostFuse) -> tvm.transform.Pass:  # a pass, named as TVM's
     """The layout decision as a module pass for ``costfuse``, its config's ``layout``
-    deciding; the decision is kept in ``costfuse.layout_decision`` (``costfuse explain`` prints it)."""
+    deciding; the decision is kept in ``costfuse.layout_decision`` (``costfuse explain``
+    prints it)."""
 
     @tvm.transform.module_pass(opt_level=0, name="CostFuseChannelsLast")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:

@@ -11,20 +11,27 @@ from __future__ import annotations
 
 import tvm
 
+from .fold import FoldWeights
 from .horizontal import decide_siblings
-from .layouts import decide_layout
+from .layouts import Layout, decide_layout
+from .siblings import Siblings
 from .targets import resolve
 from .transform import CostFuse
 
 __all__ = ["costfuse_model"]
 
 
-def costfuse_model(mod: tvm.IRModule, target, **config) -> tuple[tvm.IRModule, list, object]:
-    """``mod`` as CostFuse's pipeline hands it on after its layout and sibling steps
-    (``target``: what :func:`~tvm_costfuse.targets.resolve` takes; ``config``:
-    ``FusionConfig`` fields), the sibling sets found and the layout decision."""
+def costfuse_model(mod: tvm.IRModule, target, fold: bool = True, **config
+                   ) -> tuple[tvm.IRModule, list[Siblings], Layout]:
+    """``mod`` as CostFuse's pipeline hands it on after its weight folding (``fold``; False
+    for a model folded already), layout and sibling steps (``target``: what
+    :func:`~tvm_costfuse.targets.resolve` takes; ``config``: ``FusionConfig`` fields), the
+    sibling sets found and the layout decision. Folding comes first, as in the pipeline: it
+    folds batch norms into NCHW convolutions only."""
     resolved = resolve(target)
     costfuse = CostFuse(target=resolved, **config)
+    if fold:
+        mod = FoldWeights(mod)
     with resolved.tvm:
         mod, layout = decide_layout(mod, costfuse)
         mod, siblings = decide_siblings(mod, costfuse)

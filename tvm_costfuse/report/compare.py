@@ -192,8 +192,8 @@ def _strategy_input(strategy: str, mod, prepared, graph, t: _Target):
     base, config = _split(strategy)
     if base != "costfuse":
         return mod, prepared, graph
-    smod, _sets, _layout = costfuse_model(mod, t.target, **{k: v for k, v in config.items()
-                                                   if k != "fold"})
+    smod, _sets, _layout = costfuse_model(mod, t.target, fold=config.get("fold", True),
+                                          **{k: v for k, v in config.items() if k != "fold"})
     sprepared = prepare(smod, t.tvm_target)
     return smod, sprepared, build_graph(sprepared)
 

@@ -136,7 +136,7 @@ def explain(
     resolved = resolve(target)
     model, folds = fold_weights(model) if fold else (model, [])
     # as the pipeline hands it on
-    model, siblings, layout = costfuse_model(model, resolved, **config)
+    model, siblings, layout = costfuse_model(model, resolved, fold=False, **config)
     mod = prepare(model, resolved.tvm, fold=False)
     desc = resolved.desc
     cfg = FusionConfig.resolve(**config)
