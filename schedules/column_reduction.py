@@ -75,7 +75,7 @@ def schedule_columns(sch: s_tir.Schedule, block, target) -> bool:
     tile = column_tile(extent, vector_lanes(target, str(sch.get(block).writes[0].source.dtype)))
     if tile < 4:
         return False
-    outer = [lp for lp in sch.get_loops(block)[:-len(reduce_loops) - 1]]
+    outer = list(sch.get_loops(block)[:-len(reduce_loops) - 1])
     co, ci = sch.split(column, factors=[None, tile])
     sch.reorder(*outer, co, *reduce_loops, ci)
     work = math.prod(int(sch.get(lp).extent) for lp in sch.get_loops(block))
