@@ -17,7 +17,8 @@ Rules are tried in the order :func:`rules` returns (first that applies wins, as 
 3. :class:`RowReduction` -- softmax, layer/RMS norm, mean, sum chains whose blocks share
    leading spatial axes: parallel over rows, every block computed per row, inner loops
    vectorized.
-4. :class:`Fallback` -- always applies: inline spatial intermediates, then each remaining
+4. :class:`Fallback` -- always applies: inline spatial intermediates, then a transpose that
+   moves the innermost axis runs as register tiles (``transpose.py``) and each remaining
    block gets parallel outer spatial loops and a vectorized inner loop.
 
 A rule that cannot prove its preconditions, or whose schedule primitives reject a step, returns
@@ -30,6 +31,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from . import transpose
 from ._common import (
     inline_spatial,
     root_blocks,
@@ -94,9 +96,16 @@ class Fallback(SafeRule):
 
     @staticmethod
     def _schedule_blocks(sch, target):
-        if not root_blocks(sch):
+        blocks = root_blocks(sch)
+        if not blocks:
             return None
-        schedule_rest(sch, target, done=set())
+        done: set[str] = set()
+        for name in [sch.get(b).name_hint for b in blocks]:
+            tiled = transpose.schedule_transpose(sch, name)  # a transpose moving its rows
+            if tiled is not None:
+                sch, names = tiled
+                done |= names
+        schedule_rest(sch, target, done=done)
         return sch
 
 
