@@ -19,14 +19,9 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 
 from ._common import uses, vector_lanes
 from ._loops import loop_kinds, parallelize, schedule_rest
+from .depthwise_nhwc import channel_tile  # the same channels per vector
 
-__all__ = ["column_tile", "schedule_columns"]
-
-
-def column_tile(extent: int, lanes: int) -> int:
-    """Channels per vector: whole vectors where they divide the axis, else the largest power
-    of two that does (72 channels: 8)."""
-    return lanes if extent % lanes == 0 else math.gcd(extent, 1 << (lanes.bit_length() - 1))
+__all__ = ["schedule_columns"]
 
 
 def _column_loop(sch: s_tir.Schedule, block):
@@ -72,7 +67,7 @@ def schedule_columns(sch: s_tir.Schedule, block, target) -> bool:
         return False
     column, reduce_loops = found
     extent = int(sch.get(column).extent)
-    tile = column_tile(extent, vector_lanes(target, str(sch.get(block).writes[0].source.dtype)))
+    tile = channel_tile(extent, vector_lanes(target, str(sch.get(block).writes[0].source.dtype)))
     if tile < 4:
         return False
     outer = list(sch.get_loops(block)[:-len(reduce_loops) - 1])

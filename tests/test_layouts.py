@@ -14,7 +14,6 @@ import pytest
 import tvm
 from tvm import relax
 from tvm_costfuse.schedules import depthwise_nhwc, efficiency, reduction
-from tvm_costfuse.schedules.column_reduction import column_tile
 
 from tvm_costfuse.config import FusionConfig
 from tvm_costfuse.layouts import Layout, channels_last, convertible, decide_layout
@@ -288,7 +287,7 @@ def test_tiles_divide_their_axes():
     assert depthwise_nhwc.spatial_tile(56, 56) == (2, 4)
     assert depthwise_nhwc.spatial_tile(7, 7) == (1, 7)
     assert depthwise_nhwc.spatial_tile(1, 1) == (1, 1)
-    assert column_tile(32, 16) == 16 and column_tile(72, 16) == 8 and column_tile(7, 16) == 1
+    assert depthwise_nhwc.channel_tile(32, 16) == 16 and depthwise_nhwc.channel_tile(7, 16) == 1
 
 
 @pytest.mark.parametrize("shape", [(1, 28, 28, 32), (2, 7, 7, 72), (1, 5, 3, 7)])

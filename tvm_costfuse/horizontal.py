@@ -25,7 +25,6 @@ import tvm
 from .graph import build_graph
 from .schedules import backend as schedule_backend
 from .siblings import Siblings, combine_siblings, constant_bytes, find_siblings, sibling_program
-from .targets import resolve
 from .transform import CostFuse, plan_module
 
 __all__ = ["MIN_GAIN", "CombineSiblings", "decide_siblings", "legalized", "price_siblings"]
@@ -94,12 +93,7 @@ def decide_siblings(mod: tvm.IRModule, costfuse: CostFuse) -> tuple[tvm.IRModule
     config = costfuse.config()
     priced = None
     if config.horizontal == "cost":
-        compile_target = tvm.target.Target.current()
-        if compile_target is None and costfuse.target is not None:
-            compile_target = resolve(costfuse.target).tvm
-        if compile_target is None:
-            raise ValueError("the sibling step prices plans for the compile target: give "
-                             "CostFuse a target or run it under `with target`")
+        compile_target = costfuse.compile_target("sibling")
         priced = (costfuse.describe_target(config), config, compile_target,
                   constant_bytes(mod))
     decide = _Decision(config.horizontal, priced)

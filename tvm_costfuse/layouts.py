@@ -42,7 +42,6 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .graph import build_graph
 from .horizontal import legalized
-from .targets import resolve
 from .transform import CostFuse, plan_module
 
 __all__ = ["MIN_GAIN", "ChannelsLast", "Layout", "channels_last", "convertible", "decide_layout"]
@@ -186,16 +185,6 @@ def _price(prepared: tvm.IRModule, costfuse: CostFuse, compile_target) -> float:
                    for name in _relax_functions(prepared))
 
 
-def _target(costfuse: CostFuse):
-    target = tvm.target.Target.current()
-    if target is None and costfuse.target is not None:
-        target = resolve(costfuse.target).tvm
-    if target is None:
-        raise ValueError("the layout step decides for the compile target: give CostFuse a "
-                         "target or run it under `with target`")
-    return target
-
-
 def decide_layout(mod: tvm.IRModule, costfuse: CostFuse) -> tuple[tvm.IRModule, Layout]:
     """``mod`` as the layout step hands it on (channels-last or as imported) and the
     decision, under ``costfuse``'s config's ``layout`` (module docstring)."""
@@ -207,7 +196,7 @@ def decide_layout(mod: tvm.IRModule, costfuse: CostFuse) -> tuple[tvm.IRModule, 
     if mode == "never":
         found.why = "costfuse.layout is 'never'"
         return mod, found
-    target = _target(costfuse)
+    target = costfuse.compile_target("layout")
     if target.kind.name != "llvm":
         found.why = f"the channels-last kernels are CPU rules, not {target.kind.name}'s"
         return mod, found

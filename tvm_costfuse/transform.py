@@ -170,6 +170,18 @@ class CostFuse:
             layout=self.layout,
         )
 
+    def compile_target(self, step: str) -> tvm.target.Target:
+        """The TVM target a pre-fusion ``step`` (the layout or sibling step) decides for: the
+        current one, else the one ``target`` resolves to; a ValueError naming ``step`` where
+        there is neither."""
+        current = tvm.target.Target.current()
+        if current is None and self.target is not None:
+            current = resolve(self.target).tvm
+        if current is None:
+            raise ValueError(f"the {step} step decides for the compile target: give CostFuse "
+                             "a target or run it under `with target`")
+        return current
+
     def describe_target(self, config: FusionConfig) -> TargetDesc:
         """The description plans are priced with: an explicit TargetDesc or preset name, else
         ``costfuse.target_preset``, else the one :func:`targets.resolve` derives from the

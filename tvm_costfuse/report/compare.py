@@ -194,7 +194,7 @@ def _strategy_input(strategy: str, mod, prepared, graph, t: _Target):
         return mod, prepared, graph
     smod, _sets, _layout = costfuse_model(mod, t.target, fold=config.get("fold", True),
                                           **{k: v for k, v in config.items() if k != "fold"})
-    sprepared = prepare(smod, t.tvm_target)
+    sprepared = prepare(smod, t.tvm_target, fold=False)  # costfuse_model folded it
     return smod, sprepared, build_graph(sprepared)
 
 
