@@ -20,7 +20,10 @@ own tile choice (``gemm.choose_tile``, ``conv.choose_conv_tile``) and their cycl
 
 A depthwise convolution (``depthwise.py``) has no tile search: its share is
 ``K / (K + K0) * E_DEPTHWISE[stride]``, its time the loads of each tap and, at stride 2, the
-deinterleaving copy.
+deinterleaving copy. That share differs most between hosts (0.70 on a znver4 core, 0.30 on a
+rocketlake one at stride 1): a calibrated host measures its own, for both layouts
+(``measurement/depthwise_shares.py``; ``TargetDesc.depthwise_shares``), and the fitted ones
+below price hosts without.
 
 Fitted to the per-kernel ``tvm/peak`` figures of ``scripts/bench_kernels.py --peak`` on
 znver4 (28 GEMM and convolution shapes and 17 pointwise convolutions of mobilenet_v2, 1 thread,
@@ -197,6 +200,20 @@ def _conv_share(g: ConvGeometry, lanes: int, registers: int) -> float | None:
     return (channels * height * width / lanes / 2) / (tiles * step)
 
 
+def _depthwise_share(g: Geometry, measured: tuple | None) -> tuple[str, float]:
+    """(path, share over the K term) of a depthwise block: the host's measured share of its
+    layout's kernel at its stride (2 for any stride above), else the fitted one."""
+    nchw = g.depthwise is not None
+    stride = g.depthwise if nchw else g.channels_last
+    if measured is not None:
+        s1, s2 = measured[:2] if nchw else measured[2:]
+        share = s1 if stride == 1 else s2
+    else:
+        fitted = E_DEPTHWISE if nchw else E_CHANNELS_LAST
+        share = fitted.get(stride, fitted[2])
+    return ("depthwise" if nchw else "channels_last"), share
+
+
 def lane_fill(extent: int, lanes: int) -> float:
     """Share of the lanes of ``extent``'s vectors that hold elements: the last, partial
     vector of a row runs whole."""
@@ -209,12 +226,15 @@ def k0_of(path: str) -> float:
 
 
 @functools.lru_cache(maxsize=4096)  # asked per estimate; the tile search is a few hundred steps
-def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
+def fraction_of_peak(geometry, lanes: int, registers: int,
+                     depthwise_shares: tuple | None = None) -> tuple[str, float]:
     """(path, share of the FMA peak) of the kernel the CPU contraction rule builds for a block
     of this :func:`describe` geometry on a target with ``lanes`` float lanes and ``registers``
     vector registers. The path is the one the rule tries first that fits: the micro-kernel,
     the direct convolution, the depthwise kernel, else the general tiling. ``geometry`` may
-    be in its stored form (:meth:`Geometry.of`)."""
+    be in its stored form (:meth:`Geometry.of`). ``depthwise_shares``: the host's measured
+    shares of the two depthwise kernels (``TargetDesc.depthwise_shares``), else the fitted
+    ones."""
     g = Geometry.of(geometry)
     k = g.k
     reduce = k / (k + K0)
@@ -225,9 +245,7 @@ def fraction_of_peak(geometry, lanes: int, registers: int) -> tuple[str, float]:
     share = _conv_share(g.conv, lanes, registers) if g.conv else None
     if share is not None:
         return "conv", E_PATH["conv"] * share * reduce
-    if g.depthwise is not None:
-        return "depthwise", E_DEPTHWISE.get(g.depthwise, E_DEPTHWISE[2]) * reduce
-    if g.channels_last is not None:
-        return ("channels_last",
-                E_CHANNELS_LAST.get(g.channels_last, E_CHANNELS_LAST[2]) * reduce)
+    if g.depthwise is not None or g.channels_last is not None:
+        path, share = _depthwise_share(g, depthwise_shares)
+        return path, share * reduce
     return "tiled", E_PATH["tiled"] * lane_fill(g.tiled, lanes) * reduce

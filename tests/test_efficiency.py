@@ -14,6 +14,7 @@ from tvm import relax
 from tvm_costfuse import build_graph
 from tvm_costfuse.cost import analytical, group_features
 from tvm_costfuse.pipelines import prepare
+from tvm_costfuse.schedules import efficiency
 from tvm_costfuse.schedules.efficiency import fraction_of_peak
 from tvm_costfuse.targets import host
 
@@ -104,6 +105,35 @@ def test_depthwise_convolutions_take_the_depthwise_path_by_stride():
     assert pointwise[4] is None and fraction_of_peak(pointwise, *AVX512)[0] == "gemm"
     # a geometry recorded before the depthwise element still prices (as before)
     assert fraction_of_peak(s1[:4], *AVX512)[0] == "tiled"
+
+
+def test_a_hosts_measured_depthwise_shares_price_its_depthwise_kernels():
+    """Where the host measured its depthwise kernels' shares (``TargetDesc.depthwise_shares``:
+    NCHW s1, s2, NHWC s1, s2), each layout's block at each stride is priced by its own; the
+    fitted shares price a host without; other paths ignore them."""
+    s1 = _geometry(_conv(96, 96, 28, 3, groups=96))
+    s2 = _geometry(_conv(96, 96, 28, 3, groups=96, stride=2))
+    measured = (0.3, 0.1, 0.8, 0.4)
+    reduce = 9 / (9 + efficiency.K0)
+    assert fraction_of_peak(s1, *AVX512, measured) == ("depthwise", pytest.approx(0.3 * reduce))
+    assert fraction_of_peak(s2, *AVX512, measured) == ("depthwise", pytest.approx(0.1 * reduce))
+    nhwc = [efficiency.Geometry(*g[:4], None, g[4]) for g in (s1, s2)]  # the same, channels-last
+    assert fraction_of_peak(nhwc[0], *AVX512, measured)[1] == pytest.approx(0.8 * reduce)
+    assert fraction_of_peak(nhwc[1], *AVX512, measured)[1] == pytest.approx(0.4 * reduce)
+    assert fraction_of_peak(s1, *AVX512)[1] == pytest.approx(efficiency.E_DEPTHWISE[1] * reduce)
+    assert fraction_of_peak(nhwc[1], *AVX512)[1] == pytest.approx(
+        efficiency.E_CHANNELS_LAST[2] * reduce)
+    dense = _geometry(_conv(64, 64, 28, 3))
+    assert fraction_of_peak(dense, *AVX512, measured) == fraction_of_peak(dense, *AVX512)
+    # and the analytical model passes the target's shares on: a host whose NCHW kernel
+    # reaches a third of another's prices the same block's compute three times as long
+    graph = _conv(96, 96, 28, 3, groups=96)
+    name = next(n.name for n in graph.nodes if n.geometry is not None)
+    f = group_features(graph, [name])
+    base = host(1, calibration=False, mcpu="skylake-avx512")
+    compute = [analytical.estimate(f, dataclasses.replace(base, depthwise_shares=m))
+               .breakdown["compute"] for m in ((0.9, 0.3, 0.9, 0.3), (0.3, 0.3, 0.9, 0.3))]
+    assert compute[1] == pytest.approx(3 * compute[0], rel=0.05)
 
 
 def test_analytical_prices_a_short_reduction_slower_per_flop():

@@ -128,6 +128,10 @@ def test_quick_calibration_is_physical(calibrated):
     assert 1e-11 <= desc.math_s <= 1e-7, desc.math_s
     assert flops_per_exp >= 1.0, flops_per_exp
     assert flops_per_exp <= 3000.0, flops_per_exp
+    # The depthwise kernels' shares of the peak over their K term: 0.10-1.1 on two quiet
+    # hosts; wide bounds, for a busy 2-core host and hosts not seen.
+    assert desc.depthwise_shares is not None and len(desc.depthwise_shares) == 4
+    assert all(0.005 <= s <= 5.0 for s in desc.depthwise_shares), desc.depthwise_shares
 
 
 def test_math_kernel_computes_exp_in_its_polynomial():
@@ -158,8 +162,13 @@ def test_exp_seconds_where_a_record_has_no_math_s():
     old = targets.host(num_cores=2, calibration=record)
     assert old.source.endswith("+calibrated") and old.math_s is None
     assert old.exp_seconds() == pytest.approx(EXP_FLOPS / 1e11)
+    assert old.depthwise_shares is None  # nor the depthwise shares: efficiency.py's fitted
     record["figures"]["math_s"] = 3e-10
     assert targets.host(num_cores=2, calibration=record).exp_seconds() == 3e-10
+    shares = {"depthwise_s1": 0.3, "depthwise_s2": 0.1, "channels_last_s1": 0.8,
+              "channels_last_s2": 0.4}
+    record["figures"] |= shares
+    assert targets.host(num_cores=2, calibration=record).depthwise_shares == (0.3, 0.1, 0.8, 0.4)
     assert targets.H100.exp_seconds() == 0.0
 
 

@@ -275,7 +275,8 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
         if own is not None:  # the kind's own share for this block
             return peak * own
         if card.tiles_by_geometry and w.geometry is not None:  # the rule's own tile
-            return peak * fraction_of_peak(w.geometry, lanes, target.vector_regs)[1]
+            return peak * fraction_of_peak(w.geometry, lanes, target.vector_regs,
+                                           target.depthwise_shares)[1]
         return contraction_rate
 
     # Math calls in exp-equivalents (``schedules.math_calls.MATH_COST``) at the host's exp.

@@ -63,6 +63,10 @@ class TargetDesc:
     # Seconds one core spends per vectorized float32 exp (``calibrate.math_seconds``); None:
     # not measured (:meth:`exp_seconds` derives it).
     math_s: float | None = None
+    # The depthwise kernels' shares of the FMA peak over their K term, measured here
+    # (``calibrate``): NCHW stride 1, NCHW stride 2, NHWC stride 1, NHWC stride 2. None: not
+    # measured (``schedules/efficiency.py``'s fitted shares).
+    depthwise_shares: tuple[float, float, float, float] | None = None
     source: str = "datasheet"  # where the figures came from, e.g. "sysfs+calibrated"
 
     def __post_init__(self):
