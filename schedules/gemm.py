@@ -24,6 +24,7 @@ convolution), the two merge into one column axis (``columns.py``) that is read i
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from tvm import ir, s_tir, tirx
@@ -192,7 +193,9 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
         return None  # narrower than one vector: the general tiling fits partial vectors
     weight = any(p.same_as(shape.streamed.source) for p in layout_free(sch))
     height = columns.mergeable(stmt, stmt.body, shape)
-    tile, cols = pick_tile(m, n, lanes, vector_registers(target), weight, height)
+    reuse = math.prod(e or 1 for v, e in extents.items()  # the outputs per weight column
+                      if not v.same_as(shape.col) and not any(v.same_as(r) for r in shape.reduce))
+    tile, cols = pick_tile(m, n, lanes, vector_registers(target), weight, height, reuse)
     merged = n if cols != n else None  # the image row's width, merged into the columns
     if tile is None:
         return None

@@ -29,6 +29,15 @@ LOADS_PER_CYCLE = 1.5
 # over rows padded to 32, ran 1.1-1.44x faster (docs/log/2026-12-01b.md).
 PADDED_ROWS_COST = 1.5
 
+# A constant weight is packed at compile time with exactly its own width, so its tile's
+# columns must divide it; where none does (an NHWC 1x1 convolution to 58 or 116 channels),
+# the micro-kernel declined and the general tiling ran 2-lane vectors: 188 us for 28 x 28 x 58
+# from 58 channels, priced 34. Where each weight element serves this many output rows, the
+# weight is padded instead, by a copy each call (K x N floats read and written against
+# M x K x N FMAs): that case 50 us, 14 x 14 x 116 89 -> 50 us; at 49 rows (7 x 7 x 232) the
+# copy cost more than the half vectors it replaced (56 -> 77 us; rocketlake, 1 thread).
+PAD_WEIGHT_ROWS = 64
+
 
 @dataclass(frozen=True)
 class Tile:
@@ -84,13 +93,16 @@ def choose_tile(m: int, n: int, lanes: int, registers: int,
 
 
 def pick_tile(m: int, n: int, lanes: int, registers: int, weight: bool,
-              height: int | None = None) -> tuple[Tile | None, int]:
+              height: int | None = None, reuse: int | None = None) -> tuple[Tile | None, int]:
     """(tile, column extent) for an ``m x n`` output; ``height``: the extent of an axis that
     can merge into the columns (``columns.py``), which is taken where a tile dividing the
     ``height * n`` merged columns is modeled no slower than tiling each of the ``height`` rows
     (padded: :data:`PADDED_ROWS_COST`). A merged axis is never padded: its tile must
-    divide."""
+    divide. ``reuse``: the output rows each weight element is used for, where more than ``m``
+    (an image's other rows), which decides whether a ragged weight is padded."""
     tile = choose_tile(m, n, lanes, registers, cols_must_divide=weight)
+    if tile is None and weight and max(m, reuse or 0) >= PAD_WEIGHT_ROWS:
+        tile = choose_tile(m, n, lanes, registers)  # the weight padded by a copy per call
     if height is None or weight:
         return tile, n
     wide = choose_tile(m, n * height, lanes, registers, cols_must_divide=True)

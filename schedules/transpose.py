@@ -23,7 +23,7 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from ._common import int_extent, is_spatial
 from ._loops import parallelize
 
-__all__ = ["TILE", "schedule_transpose"]
+__all__ = ["TILE", "gathers", "schedule_transpose"]
 
 #: Tile edge: 8 x 8 ran 1.45x a 16 x 16 tile on ``lab/transpose_tile_probe.py`` (measured
 #: with the other tile order; 16 vectors and their transposed copies would fill the
@@ -77,6 +77,25 @@ def _transposed(sch: s_tir.Schedule, block):
             if var.same_as(last):
                 found[key] = loop
     return found["out"], found["in"]
+
+
+def gathers(func: tirx.PrimFunc) -> tuple[bool, bool]:
+    """(whether ``func`` is a permutation that moves the innermost axis, whether alone it runs
+    as this rule's tiles): the cost model prices the elements of one that is fused into
+    another kernel, or not tiled alone, as gathers (``cost.extract``)."""
+    if not isinstance(func.body, s_tir.SBlockRealize):
+        return False, False
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except (RuntimeError, ValueError):
+        return False, False
+    if len(blocks) != 1:
+        return False, False
+    found = _transposed(sch, blocks[0])
+    if found is None:
+        return False, False
+    return True, not any(int_extent(sch, lp) % TILE for lp in found)
 
 
 def schedule_transpose(sch: s_tir.Schedule, name: str):

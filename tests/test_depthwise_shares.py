@@ -8,6 +8,7 @@ import pytest
 import tvm
 
 from tvm_costfuse.measurement import depthwise_shares
+from tvm_costfuse.measurement.kernel_time import one_kernel
 
 
 def _reference(x, w, stride):
@@ -29,12 +30,12 @@ def test_the_timed_kernel_is_the_depthwise_convolution(layout, stride):
     channels, size, kernel = 24, 11, 3
     target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
     mod = depthwise_shares.program(channels, size, kernel, stride, layout)
-    built, name, shapes = depthwise_shares._kernel(mod, target)
+    kernel = one_kernel(mod, target)
     rng = np.random.default_rng(0)
-    args = [rng.standard_normal(s).astype("float32") for s in shapes]
+    args = [rng.standard_normal(s).astype("float32") for s in kernel.shapes]
     x, w = args[0], args[1]
     tensors = [tvm.runtime.tensor(a) for a in args]
-    built.mod[name](*tensors)
+    kernel.module[kernel.name](*tensors)
     got = tensors[-1].numpy()
     if layout == "NHWC":  # HWOI weights, NHWC images
         x, w, got = x.transpose(0, 3, 1, 2), w.transpose(2, 3, 0, 1), got.transpose(0, 3, 1, 2)

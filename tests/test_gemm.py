@@ -18,6 +18,8 @@ from tvm import relax, s_tir, tirx
 from tvm.script import tirx as T
 from tvm_costfuse.schedules import Contraction, rules
 from tvm_costfuse.schedules.gemm import accumulator_budget, choose_tile
+from tvm_costfuse.schedules.gemm_tile import PAD_WEIGHT_ROWS, pick_tile
+from tvm_costfuse.schedules.prepack import mark_constant_weights
 
 from tvm_costfuse.measurement.timing import max_mismatch, run
 from tvm_costfuse.pipelines import fuse
@@ -144,6 +146,41 @@ def test_inner_loop_is_fmas_on_registers(target):
     assert "rsp" not in body  # no spill or reload
 
 
+def _nhwc_pointwise(rows: int, cols: int, channels: int, out_channels: int) -> tirx.PrimFunc:
+    """The legalized 1x1 convolution of a ``rows x cols x channels`` NHWC image by a constant
+    HWIO weight, as the layout step leaves one: the weight is the streamed operand."""
+    x = relax.Var("x", relax.TensorType((1, rows, cols, channels), "float32"))
+    w = np.ones((1, 1, channels, out_channels), "float32")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gv = bb.emit_output(relax.op.nn.conv2d(x, relax.const(w), data_layout="NHWC",
+                                                   kernel_layout="HWIO"))
+        bb.emit_func_output(gv)
+    fused = fuse(bb.get(), "llvm", relax.transform.FuseOps())
+    return next(mark_constant_weights(fused)[gv] for gv, f in fused.functions.items()
+                if isinstance(f, tirx.PrimFunc))
+
+
+@ISAS
+@pytest.mark.parametrize("rows, padded", [(28, True), (7, False)])
+def test_a_ragged_weight_is_padded_to_whole_vectors_where_enough_rows_reuse_it(
+        target, rows, padded):
+    """58 output channels, which no multiple of the vector divides: over a 28 x 28 image (784
+    rows per weight element) the weight is padded and the tile runs whole vectors; over a 7 x 7
+    one (49 rows) the copy would cost more, and the general tiling keeps what divides."""
+    assert (rows * rows >= PAD_WEIGHT_ROWS) == padded
+    lanes = isa.vector_lanes(target, "float32")
+    func = _scheduled(_nhwc_pointwise(rows, rows, 58, 58), target)
+    update = [int(lp.extent) for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED
+              and "conv2d_nhwc_update" in lp.body.script()]
+    assert update, "no vectorized update loop"
+    assert (update[0] % lanes == 0) == padded, update
+    tile, cols = pick_tile(rows, 58, lanes, isa.vector_registers(target), True, None,
+                           rows * rows)
+    assert (tile is not None) == padded and cols == 58
+
+
 # ----------------------------------------------------------------------------- numerics
 
 
@@ -181,6 +218,9 @@ FORMS = {
     "batch_of_one_broadcast": ((4, 33, 40), (1, 40, 24), False, False, False),
     "linear_weight_bias": ((1, 197, 96), (96, 160), False, True, True),
     "linear_transposed_weight": ((197, 96), (160, 96), True, True, True),
+    # a weight no tile's columns divide: padded by a copy from PAD_WEIGHT_ROWS rows on
+    "linear_ragged_weight": ((1, 197, 96), (96, 58), False, True, True),
+    "linear_ragged_weight_few_rows": ((7, 96), (96, 58), False, True, True),
 }
 
 
@@ -207,8 +247,9 @@ def test_corpus_transformer_matmuls_all_get_the_contraction_rule(model):
     CostFuse, gets the contraction rule; attention's batch matmuls (per-head 197 or 128 rows,
     K = head width), which CostFuse fuses with the softmax between them, the attention rule."""
     pytest.importorskip("torch")
-    from tvm_costfuse.models import corpus
     from tvm_costfuse.schedules import Attention
+
+    from tvm_costfuse.models import corpus
 
     mod = corpus.load(model, small=True)[0]
     fused = fuse(mod, TARGET, fusion_pass("costfuse", TARGET))

@@ -132,6 +132,9 @@ def test_quick_calibration_is_physical(calibrated):
     # hosts; wide bounds, for a busy 2-core host and hosts not seen.
     assert desc.depthwise_shares is not None and len(desc.depthwise_shares) == 4
     assert all(0.005 <= s <= 5.0 for s in desc.depthwise_shares), desc.depthwise_shares
+    # A gathered transpose element: 1.3-1.5 ns a core on a quiet rocketlake host.
+    assert desc.gather_s is not None and 1e-11 <= desc.gather_s <= 1e-7, desc.gather_s
+    assert desc.gather_seconds() == desc.gather_s
 
 
 def test_math_kernel_computes_exp_in_its_polynomial():
@@ -163,6 +166,7 @@ def test_exp_seconds_where_a_record_has_no_math_s():
     assert old.source.endswith("+calibrated") and old.math_s is None
     assert old.exp_seconds() == pytest.approx(EXP_FLOPS / 1e11)
     assert old.depthwise_shares is None  # nor the depthwise shares: efficiency.py's fitted
+    assert old.gather_s is None and old.gather_seconds() == pytest.approx(32.0 / (1e10 / 2))
     record["figures"]["math_s"] = 3e-10
     assert targets.host(num_cores=2, calibration=record).exp_seconds() == 3e-10
     shares = {"depthwise_s1": 0.3, "depthwise_s2": 0.1, "channels_last_s1": 0.8,

@@ -20,6 +20,7 @@ from .schedules.efficiency import Geometry
 from .schedules.efficiency import describe as contraction_geometry
 from .schedules.fast_math import is_integer_power
 from .schedules.math_calls import MATH_COST
+from .schedules.transpose import gathers
 
 __all__ = ["KernelFacts", "has_reshape_pattern", "kernel_facts"]
 
@@ -114,6 +115,10 @@ class KernelFacts:
     ends_in_reduction: bool
     #: some block reduces, whatever its extents (unit or symbolic)
     reduces: bool
+    #: a permutation that moves the innermost axis, and whether alone it runs as register
+    #: tiles (``schedules.transpose.gathers``)
+    moves_innermost: bool = False
+    tiles_alone: bool = False
 
 
 def kernel_facts(func: tvm.tirx.PrimFunc) -> KernelFacts:
@@ -127,7 +132,8 @@ def kernel_facts(func: tvm.tirx.PrimFunc) -> KernelFacts:
         for buf in list(func.params)[-1:])
     geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
         and not pool else None
-    return KernelFacts(flops, red, math_work, geometry, pool, ends, reduces)
+    moves, tiles = gathers(func) if not flops and red == 1 else (False, False)
+    return KernelFacts(flops, red, math_work, geometry, pool, ends, reduces, moves, tiles)
 
 
 def has_reshape_pattern(func: tvm.tirx.PrimFunc) -> bool:

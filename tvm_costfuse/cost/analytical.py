@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..schedules._common import MIN_PARALLEL_ITERS, contraction_parallel
 from ..schedules.card import Card
 from ..schedules.classes import ScheduleClass as SC
-from ..schedules.efficiency import fraction_of_peak
+from ..schedules.efficiency import Geometry, fraction_of_peak
 from .features import GroupFeatures, OpWork
 
 # What each kind of kernel reaches (share of peak, how it runs contractions, registers, loop
@@ -222,6 +222,22 @@ def weights_stream(f: GroupFeatures, llc_bytes: int) -> bool:
     return f.module_constant_bytes > llc_bytes // 2
 
 
+def _gathers(f: GroupFeatures, target, card: Card) -> float:
+    """Seconds of a CPU kernel's gathered transpose elements (``gathered_elems``) at the
+    host's gather cost, over its cores. A transpose moving the innermost axis, inlined into an
+    elementwise or copy kernel or a convolution's padded input plane, loads each element from
+    its own input row: densenet121 channels-last ran six such convolutions 4.4 ms slower than
+    the same convolutions on an NCHW input, with the transposes priced as free copies. The
+    GEMM rule packs a transposed operand into panels in one pass (its share is fitted so), and
+    the attention rules read K and V where they lie: neither pays it."""
+    if not f.gathered_elems or target.kind != "cpu" or card.cls == SC.ATTENTION:
+        return 0.0
+    if any(w.contraction and w.geometry is not None and Geometry.of(w.geometry).gemm
+           for w in f.op_work):
+        return 0.0
+    return f.gathered_elems * target.gather_seconds() / max(1, target.cores)
+
+
 def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Estimate:
     """Analytical time of one kernel computing the group described by ``f`` on ``target``."""
     if f.is_view:  # TVM makes a lone reshape a view: no launch, nothing moves
@@ -291,6 +307,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     if items is not None:  # a tiling with fewer parallel iterations than cores idles some
         cores = max(1, target.cores)
         compute /= items / (cores * -(-items // cores))
+    compute += _gathers(f, target, card)
     if card.recomputes:  # inlined producers evaluated per use
         compute += f.recompute_flops / rate / _parallel_efficiency(
             f.out_elems, f.dtype_bytes, target)

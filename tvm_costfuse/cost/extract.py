@@ -51,6 +51,7 @@ class _NodeFacts:
         "ends_in_reduction",
         "escapes_block",
         "flops",
+        "gathers",
         "index",
         "inputs",
         "is_call",
@@ -65,6 +66,7 @@ class _NodeFacts:
         "producers",
         "reads",
         "reduction",
+        "tiles_alone",
         "tuple_extra",
         "view",
         "window",
@@ -85,6 +87,7 @@ class _NodeFacts:
         self.escapes_block = node.name in graph.block_outputs
         self.is_move = _is_move(node, cls) and not _unit_reshape(graph, node)
         self.move_reorders = self.is_move and not node.reshape_like
+        self.gathers, self.tiles_alone = node.moves_innermost, node.tiles_alone
         self.elems = _elems(node)
         self.window = self.reduction and _is_window(node)
         gets = sum(graph[r].kind == "tuple_get_item" for r in self.consumers)
@@ -224,6 +227,26 @@ def _is_attention(graph: OpGraph, facts: dict[str, _NodeFacts], member,
     return True
 
 
+def _gathered(facts: dict[str, _NodeFacts], member, calls: list[_NodeFacts]) -> int:
+    """Elements of the members that move the innermost axis and gather once inlined into the
+    group's kernel. A transpose alone is priced as the copy it is (the tile rule's, or the
+    fallback's: 0.5-0.7 ns an element where the fused form took 1.5); two such transposes
+    joined through data movement only undo each other once inlined (segformer's
+    image <-> token round trips around an activation: contiguous loads, 75 us for 3 MB)."""
+    movers = [f for f in calls if f.gathers] if len(calls) > 1 else []
+    undone: set[str] = set()
+    for f in movers:
+        stack = [c for c in f.consumers if c in member]
+        while stack:
+            c = facts[stack.pop()]
+            if c.gathers:
+                undone |= {f.name, c.name}
+                break
+            if c.is_move:
+                stack += [x for x in c.consumers if x in member]
+    return sum([f.elems for f in movers if f.name not in undone])
+
+
 def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
     """Features of fusing ``members`` (names of OpGraph nodes) into one kernel.
 
@@ -338,6 +361,7 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         "moves_after_reduction": moves_after,
         "ends_in_reduction": int(calls[-1].ends_in_reduction) if calls else 0,
         "view_ops": views,
+        "gathered_elems": _gathered(facts, member, calls),
         "attention": len(outputs) == 1 and bool(contractions) and _is_attention(
             graph, facts, member, contractions),
     })

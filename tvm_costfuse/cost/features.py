@@ -142,6 +142,9 @@ class GroupFeatures:
     # softmax(...) V with the scores computed in the group or read, as the CPU attention rule
     # schedules it (``extract._is_attention``; ``schedules/attention.py``).
     attention: bool = False
+    # Elements written by permutations that move the innermost axis and gather their loads,
+    # fused with other members (``Node.moves_innermost``; ``extract._gathered``).
+    gathered_elems: int = 0
 
     @property
     def is_view(self) -> bool:
@@ -223,5 +226,5 @@ class GroupFeatures:
 
 _NOT_LEARNED = ("boundary_sizes", "constant_sizes", "module_constant_bytes", "tuple_items",
                 "prologue_compute", "n_outputs", "moves_after_reduction", "view_ops", "op_work", "attention",
-                "ends_in_reduction")
+                "ends_in_reduction", "gathered_elems")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)

@@ -17,8 +17,8 @@ written out (parallel over cores, vectorized to the CPU's vector width), timed w
   KiB per core, less the same sweep of ``x = 0.5 - 0.5 x``. The cost models price math calls in
   units of it (``schedules.math_calls.MATH_COST``); the FMA peak does not tell it, as the
   polynomial's rounding, shifts and selects are no FMAs.
-- ``depthwise_s1`` .. ``channels_last_s2``: the shares of the FMA peak our depthwise kernels
-  reach here, per layout and stride (:mod:`.depthwise_shares`).
+- ``depthwise_s1`` .. ``channels_last_s2``, ``gather_s``: our depthwise kernels' shares of the
+  peak per layout and stride, a gathering transpose's seconds per element (:mod:`.gather`).
 - ``launch_s``: a Relax VM function calling N tiny ``call_tir`` kernels vs one:
   ``(t_N - t_1) / (N - 1)``. Measured for a parallel kernel (what scheduled kernels pay: VM
   dispatch + thread-pool fork/join) and a serial one (VM dispatch alone).
@@ -47,6 +47,7 @@ from tvm.script import tirx as T
 from .. import targets
 from ..schedules.fast_math import rewrite_calls
 from . import depthwise_shares
+from .gather import gather_seconds
 from .quiet import OtherLoad
 from .timing import thread_pool
 
@@ -320,9 +321,9 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
         iters = 20_000 if quick else 100_000
         timed("fp32_flops", fp32_flops, lanes, cores, target, iters, *plan)
         timed("math_s", math_seconds, lanes, cores, target, *plan)
-        t0 = time.perf_counter()
-        figures |= depthwise_shares.measure(target, figures["fp32_flops"], *plan)
-        timings["depthwise"] = round(time.perf_counter() - t0, 3)
+        timed("depthwise", depthwise_shares.measure, target, figures["fp32_flops"], *plan)
+        figures |= figures.pop("depthwise")
+        timed("gather_s", gather_seconds, cores, target, *plan)
         timed("launch_s", _launch_seconds, True, cores, target, *plan)
         timed("launch_s_serial", _launch_seconds, False, cores, target, *plan)
     finally:
@@ -339,8 +340,7 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
     }
 
 
-save = targets.save_calibration
-load = targets.load_calibration
+save, load = targets.save_calibration, targets.load_calibration
 
 
 def _first_use(num_cores: int) -> tuple[dict, float]:

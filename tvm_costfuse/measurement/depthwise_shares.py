@@ -25,6 +25,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .kernel_time import kernel_seconds, one_kernel
+
 #: (channels, image side, kernel side, stride) of the shapes timed per stride.
 SHAPES = {1: ((144, 56, 3), (480, 14, 5)), 2: ((96, 112, 3), (192, 28, 3))}
 #: The record's figure names, in the order of ``TargetDesc.depthwise_shares``.
@@ -49,35 +51,11 @@ def program(channels: int, size: int, kernel: int, stride: int, layout: str) -> 
     return bb.get()
 
 
-def _kernel(mod: tvm.IRModule, target: tvm.target.Target):
-    """The scheduled PrimFunc FuseOps' pipeline builds for ``mod``'s one convolution, compiled
-    alone: (runtime module, its name, its buffers' shapes)."""
-    from ..pipelines import scheduled_pipeline  # the schedules import the cost side
-    from ..schedules.lowering import TIR_PIPELINE
-
-    with target:
-        lowered = scheduled_pipeline(target, relax.transform.FuseOps(), fold=False)(mod)
-    funcs = [(gv.name_hint, f) for gv, f in lowered.functions.items()
-             if isinstance(f, tvm.tirx.PrimFunc)]
-    if len(funcs) != 1:
-        raise RuntimeError(f"a depthwise convolution built as {len(funcs)} kernels, not one")
-    name, func = funcs[0]
-    shapes = [[int(d) for d in p.ty.shape] for p in func.params]  # BufferType parameters
-    built = tvm.compile(tvm.IRModule({name: func.with_attr("global_symbol", name)}),
-                        target=target, tir_pipeline=TIR_PIPELINE)
-    return built, name, shapes
-
-
 def seconds(channels: int, size: int, kernel: int, stride: int, layout: str,
             target: tvm.target.Target, repeat: int, min_repeat_ms: int) -> float:
     """Median seconds of one call of the kernel, its operands resident after a warm-up."""
-    built, name, shapes = _kernel(program(channels, size, kernel, stride, layout), target)
-    rng = np.random.default_rng(1)
-    args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in shapes]
-    built.mod[name](*args)
-    timer = built.mod.time_evaluator(name, tvm.cpu(), number=1, repeat=repeat,
-                                 min_repeat_ms=min_repeat_ms)
-    return float(np.median(timer(*args).results))
+    built = one_kernel(program(channels, size, kernel, stride, layout), target)
+    return kernel_seconds(built, repeat, min_repeat_ms)
 
 
 def measure(target: tvm.target.Target, peak: float, repeat: int, min_repeat_ms: int) -> dict:

@@ -20,6 +20,11 @@ KiB, MiB = 1 << 10, 1 << 20
 #: 52.8 with AVX2 code (the same peak, half the lanes per polynomial), 122 with SSE2 code (no
 #: FMA, floor a library call). The AVX-512 figure, rounded: a host calibrated once measures it.
 EXP_FLOPS = 30.0
+#: Bytes of DRAM stream per element that one gathered transpose element costs where
+#: ``gather_s`` was not measured: ``calibrate``'s ``gather_s`` against its ``dram_bw`` per core
+#: on a rocketlake host (2026-12-07): 1.52 ns at 22.9 GB/s on one core, 35 bytes; 1.29 ns at
+#: 23.8 GB/s a core on two, 31. An uncalibrated host's DRAM default is 4 GB/s a core.
+GATHER_BYTES = 32.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +72,10 @@ class TargetDesc:
     # (``calibrate``): NCHW stride 1, NCHW stride 2, NHWC stride 1, NHWC stride 2. None: not
     # measured (``schedules/efficiency.py``'s fitted shares).
     depthwise_shares: tuple[float, float, float, float] | None = None
+    # Seconds one core spends per element of a transpose whose loads gather (the output's
+    # innermost axis is not the input's; ``calibrate.gather_seconds``); None: not measured
+    # (:meth:`gather_seconds` derives it).
+    gather_s: float | None = None
     source: str = "datasheet"  # where the figures came from, e.g. "sysfs+calibrated"
 
     def __post_init__(self):
@@ -87,6 +96,16 @@ class TargetDesc:
         if self.kind == CUDA:
             return 0.0
         return EXP_FLOPS / (self.peak("float32") / max(1, self.cores))
+
+    def gather_seconds(self) -> float:
+        """Seconds one core (CPU) spends per element of a gathering transpose: ``gather_s``
+        where measured, else :data:`GATHER_BYTES` at the per-core DRAM bandwidth. GPUs: 0
+        (nobody has timed one here; dlight's transposes go through shared memory)."""
+        if self.gather_s is not None:
+            return self.gather_s
+        if self.kind == CUDA:
+            return 0.0
+        return GATHER_BYTES / (self.dram_bw / max(1, self.cores))
 
     @property
     def parallel_units(self) -> int:

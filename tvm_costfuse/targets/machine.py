@@ -43,9 +43,10 @@ _DEFAULT_LAUNCH_SERIAL_S = 2e-7
 # The depthwise kernels' shares (``calibrate``'s ``depthwise_shares``) may be missing too
 # (records from before them): ``efficiency.py``'s fitted shares price those kernels then.
 _SHARE_FIGURES = ("depthwise_s1", "depthwise_s2", "channels_last_s1", "channels_last_s2")
-_POSITIVE_FIGURES = ("dram_bw", "fp32_flops", "l2_bw", "l3_bw", "math_s", *_SHARE_FIGURES)
+_POSITIVE_FIGURES = ("dram_bw", "fp32_flops", "l2_bw", "l3_bw", "math_s", "gather_s",
+                     *_SHARE_FIGURES)
 _NONNEGATIVE_FIGURES = ("launch_s", "launch_s_serial")
-_OPTIONAL_FIGURES = ("l2_bw", "l3_bw", "math_s", *_SHARE_FIGURES)
+_OPTIONAL_FIGURES = ("l2_bw", "l3_bw", "math_s", "gather_s", *_SHARE_FIGURES)
 
 _log = logging.getLogger(__name__)
 _noticed: set[str] = set()  # the notices given in this process (see _notice)
@@ -199,6 +200,7 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         "l2_bw": None,
         "l3_bw": None,
         "math_s": None,
+        "gather_s": None,
     } | dict.fromkeys(_SHARE_FIGURES)
     record = _calibration_record(calibration, cores) if mcpu in (None, host_cpu()) else None
     figure_source = "default"
@@ -232,6 +234,7 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         vector_bits=bits,
         vector_regs=isa.vector_registers(target),
         math_s=figures["math_s"],
+        gather_s=figures["gather_s"],
         depthwise_shares=(None if any(figures[k] is None for k in _SHARE_FIGURES)
                           else tuple(float(figures[k]) for k in _SHARE_FIGURES)),
         source=f"{caches['source']}+{figure_source}",

@@ -1,0 +1,44 @@
+"""Seconds one core spends per element of a transpose whose loads gather, on this host.
+
+A transpose that moves the innermost axis runs as register tiles alone
+(``schedules/transpose.py``), but fused into another kernel (an elementwise op after it, a
+concatenation, a convolution's padded input plane) it is inlined into that kernel's loads,
+and each vector of the output gathers its lanes from input rows apart. The cost model prices
+those elements at this figure (``analytical._gathers``); a streamed copy's bandwidth says
+nothing of it (1 x 56 x 56 x 128 channels-last to NCHW, with the multiply below: 1.52 ns per
+element on a rocketlake core; as a stream of 29 GB/s its 8 bytes would take 0.27 ns).
+
+The kernel: that transpose with a multiply after it, so that FuseOps makes one kernel of the
+two and the fallback rule inlines the transpose, as it does in a model.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .kernel_time import kernel_seconds, one_kernel
+
+#: The NHWC image the kernel turns NCHW: 1.6 MB in, 1.6 MB out (past L2, within an LLC).
+SHAPE = (1, 56, 56, 128)
+
+
+def program(shape=SHAPE) -> tvm.IRModule:
+    """``transpose(x, NHWC -> NCHW) * 2``."""
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.permute_dims(x, [0, 3, 1, 2]))
+            out = bb.emit_output(relax.op.multiply(y, relax.const(2.0, "float32")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def gather_seconds(cores: int, target: tvm.target.Target, repeat: int, ms: int) -> float:
+    """Seconds per gathered element per core: the kernel's time over its elements, times the
+    cores it ran on."""
+    elems = 1
+    for d in SHAPE:
+        elems *= d
+    return kernel_seconds(one_kernel(program(), target), repeat, ms) * cores / elems
