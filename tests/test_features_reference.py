@@ -135,8 +135,44 @@ def reference_features(graph, members) -> GroupFeatures:
                                   for n in nodes),
         view_ops=sum(n.view for n in calls),
         attention=reference_attention(graph, names, len(outputs)),
+        gathered_elems=reference_gathered(graph, names),
         ends_in_reduction=int(calls[-1].ends_in_reduction) if calls else 0,
     )
+
+
+def reference_gathered(graph, names: list[str]) -> int:
+    """Elements of the members that move the innermost axis, in a group of several calls,
+    but for those from which another such member is reached through data movement (an
+    injective call without arithmetic) inside the group, and that other one."""
+    calls = [n for n in names if graph[n].kind == "call_tir"]
+    if len(calls) < 2:
+        return 0
+    member = set(names)
+
+    def moves_data(n) -> bool:
+        return op_class(graph[n]) == "injective" and graph[n].kind == "call_tir" \
+            and not graph[n].flops
+
+    def reached(start) -> set[str]:
+        seen, stack = set(), [c for c in graph.consumers.get(start, ()) if c in member]
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if graph[n].moves_innermost:
+                continue
+            if moves_data(n):
+                stack += [c for c in graph.consumers.get(n, ()) if c in member]
+        return {n for n in seen if graph[n].moves_innermost and n != start}
+
+    movers = [n for n in calls if graph[n].moves_innermost]
+    undone = set()
+    for n in movers:
+        found = reached(n)
+        if found:
+            undone |= {n} | found
+    return sum(_elems(graph[n]) for n in movers if n not in undone)
 
 
 def reference_attention(graph, names: list[str], n_outputs: int) -> bool:

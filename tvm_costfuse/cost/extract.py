@@ -59,6 +59,7 @@ class _NodeFacts:
         "itemsize",
         "math",
         "move_reorders",
+        "moves_data",
         "moves_or_splits",
         "n_consumers",
         "name",
@@ -88,6 +89,7 @@ class _NodeFacts:
         self.is_move = _is_move(node, cls) and not _unit_reshape(graph, node)
         self.move_reorders = self.is_move and not node.reshape_like
         self.gathers, self.tiles_alone = node.moves_innermost, node.tiles_alone
+        self.moves_data = _is_move(node, cls)  # a unit reshape too
         self.elems = _elems(node)
         self.window = self.reduction and _is_window(node)
         gets = sum(graph[r].kind == "tuple_get_item" for r in self.consumers)
@@ -236,13 +238,17 @@ def _gathered(facts: dict[str, _NodeFacts], member, calls: list[_NodeFacts]) -> 
     movers = [f for f in calls if f.gathers] if len(calls) > 1 else []
     undone: set[str] = set()
     for f in movers:
+        seen: set[str] = set()
         stack = [c for c in f.consumers if c in member]
         while stack:
-            c = facts[stack.pop()]
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            c = facts[name]
             if c.gathers:
-                undone |= {f.name, c.name}
-                break
-            if c.is_move:
+                undone |= {f.name, name}
+            elif c.moves_data:
                 stack += [x for x in c.consumers if x in member]
     return sum([f.elems for f in movers if f.name not in undone])
 
