@@ -193,8 +193,8 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
         return None  # narrower than one vector: the general tiling fits partial vectors
     weight = any(p.same_as(shape.streamed.source) for p in layout_free(sch))
     height = columns.mergeable(stmt, stmt.body, shape)
-    reuse = math.prod(e or 1 for v, e in extents.items()  # the outputs per weight column
-                      if not v.same_as(shape.col) and not any(v.same_as(r) for r in shape.reduce))
+    # the output rows each streamed element serves: the axes its own indices do not name
+    reuse = math.prod(e or 1 for v, e in extents.items() if not _has(shape.streamed.indices, v))
     tile, cols = pick_tile(m, n, lanes, vector_registers(target), weight, height, reuse)
     merged = n if cols != n else None  # the image row's width, merged into the columns
     if tile is None:

@@ -79,23 +79,18 @@ def _transposed(sch: s_tir.Schedule, block):
     return found["out"], found["in"]
 
 
-def gathers(func: tirx.PrimFunc) -> tuple[bool, bool]:
-    """(whether ``func`` is a permutation that moves the innermost axis, whether alone it runs
-    as this rule's tiles): the cost model prices the elements of one that is fused into
-    another kernel, or not tiled alone, as gathers (``cost.extract``)."""
+def gathers(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is a copy of 4-byte elements through a permutation that moves the
+    innermost axis (:func:`_transposed`; other element sizes are not marked). Fused into
+    another kernel, its loads gather; the cost model prices them so (``cost.extract``)."""
     if not isinstance(func.body, s_tir.SBlockRealize):
-        return False, False
+        return False
     try:
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
     except (RuntimeError, ValueError):
-        return False, False
-    if len(blocks) != 1:
-        return False, False
-    found = _transposed(sch, blocks[0])
-    if found is None:
-        return False, False
-    return True, not any(int_extent(sch, lp) % TILE for lp in found)
+        return False
+    return len(blocks) == 1 and _transposed(sch, blocks[0]) is not None
 
 
 def schedule_transpose(sch: s_tir.Schedule, name: str):

@@ -63,3 +63,9 @@ def test_the_shares_are_the_fitted_form(monkeypatch):
         expect = np.exp(np.mean([np.log((t + K0) / t) for t in taps]))
         assert value == pytest.approx(expect), name
     assert len(calls) == 2 * sum(len(v) for v in depthwise_shares.SHAPES.values())
+
+
+def test_the_records_figures_are_the_ones_the_host_reads():
+    from tvm_costfuse.targets import machine
+
+    assert depthwise_shares.FIGURES == machine._SHARE_FIGURES

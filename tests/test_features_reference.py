@@ -22,8 +22,9 @@ from tvm_costfuse.cost.features import (
     _itemsize,
     op_class,
 )
+from tvm_costfuse.graph import OpPattern
 from tvm_costfuse.targets import preset
-from tvm_costfuse.testing import branchy_dag, random_dag
+from tvm_costfuse.testing import branchy_dag, make_graph, random_dag
 
 
 def reference_features(graph, members) -> GroupFeatures:
@@ -292,6 +293,18 @@ def test_equal_on_zoo_groups(monkeypatch, name):
 @given(st.integers(0, 10_000), st.integers(2, 40), st.data())
 def test_equal_on_arbitrary_member_sets(seed, n, data):
     graph = branchy_dag(n, seed=seed) if seed % 2 else random_dag(n, seed=seed)
+    picked = data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n))
+    _assert_equal(graph, [frozenset(f"op{i}" for i in picked)])
+
+
+@given(st.integers(0, 10_000), st.integers(2, 40), st.data())
+def test_equal_with_gathering_transposes(seed, n, data):
+    """The synthetic graphs with every data-movement node a transpose that moves the
+    innermost axis (``Node.moves_innermost``): chains and diamonds of them."""
+    graph = branchy_dag(n, seed=seed) if seed % 2 else random_dag(n, seed=seed)
+    graph = make_graph([dataclasses.replace(node, moves_innermost=node.kind == "call_tir"
+                                            and node.pattern == OpPattern.INJECTIVE
+                                            and not node.flops) for node in graph.nodes])
     picked = data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n))
     _assert_equal(graph, [frozenset(f"op{i}" for i in picked)])
 

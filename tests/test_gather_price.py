@@ -42,12 +42,12 @@ def _calls(graph):
 def test_the_graph_marks_transposes_that_move_the_innermost_axis():
     nchw = _graph((1, 16, 16, 32), [0, 3, 1, 2], False)
     (node,) = [n for n in nchw.nodes if n.prim_func and "transpose" in n.prim_func]
-    assert node.moves_innermost and node.tiles_alone
+    assert node.moves_innermost
     middle = _graph((1, 16, 16, 32), [0, 2, 1, 3], False)  # rows swapped: contiguous loads
     assert not any(n.moves_innermost for n in middle.nodes)
     shuffle = _graph((1, 8, 8, 32), [0, 1, 2, 4, 3], False, reshape=(1, 8, 8, 2, 16))
     moved = [n for n in shuffle.nodes if n.moves_innermost]
-    assert len(moved) == 1 and not moved[0].tiles_alone  # an axis of 2: no whole tile
+    assert len(moved) == 1  # a channel shuffle's axis of 2 moved innermost
 
 
 def test_gathered_elements_are_counted_where_the_transpose_gathers():
@@ -84,8 +84,9 @@ def test_the_analytical_model_charges_the_hosts_gather_cost_on_cpus_only():
     assert extra == pytest.approx(elems * (2e-9 - 1e-10) / HOST.cores, rel=1e-6)
     # the default (no measurement): GATHER_BYTES of DRAM stream per element
     assert HOST.gather_seconds() > 0 and preset("h100").gather_seconds() == 0.0
-    gpu = estimate(f, preset("h100"))
-    assert gpu.breakdown["compute"] < 1e-4  # no gather term on CUDA
+    # no gather term on CUDA, whatever a description says of gathers
+    gpu, told = preset("h100"), dataclasses.replace(preset("h100"), gather_s=1e-6)
+    assert estimate(f, told).seconds == estimate(f, gpu).seconds
 
 
 def test_the_calibration_kernel_is_the_fused_transpose():

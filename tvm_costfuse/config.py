@@ -110,8 +110,9 @@ class FusionConfig:
     horizontal: str = "cost"
     # Depthwise and 1x1 convolutions channels-last (``layouts.py``): "cost" where the cost
     # model prices the model faster so, "never", or "always" (the trivial baselines). Off by
-    # default: on 14 corpus CNNs its cost decision chose channels-last where it ran 0.70x
-    # (densenet121) and kept NCHW where channels-last ran 1.14-1.40x (docs/log/2026-12-07g.md).
+    # default: on 14 corpus CNNs its cost decision is right on 19 of 23 clear cases at 1 and 2
+    # threads, but chose channels-last on shufflenet_v2 (0.92x / 0.88x) and kept NCHW on
+    # googlenet at 2 threads (channels-last 1.11x) (docs/log/2026-12-07h.md).
     layout: str = "never"
 
     def __post_init__(self) -> None:

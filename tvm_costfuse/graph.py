@@ -97,9 +97,8 @@ class Node:
     # symbolic ones, which ``reduction_extent`` counts as 1, reduce all the same.
     reduces: bool = False
     # A permutation moving the innermost axis (``kernel_facts``): fused into another kernel,
-    # or alone where its axes are no whole register tiles, its loads gather.
+    # its loads gather (``cost.extract._gathered``).
     moves_innermost: bool = False
-    tiles_alone: bool = False
 
     @property
     def fusable(self) -> bool:
@@ -300,7 +299,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                             tuple(inputs), outputs, tuple(sizes), k.flops, in_bytes,
                             _nbytes(outputs), k.reduction_extent, why, block_index, view,
                             reshape_like, k.math, k.geometry, k.pool, k.ends_in_reduction,
-                            k.reduces, k.moves_innermost, k.tiles_alone)
+                            k.reduces, k.moves_innermost)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,

@@ -115,10 +115,8 @@ class KernelFacts:
     ends_in_reduction: bool
     #: some block reduces, whatever its extents (unit or symbolic)
     reduces: bool
-    #: a permutation that moves the innermost axis, and whether alone it runs as register
-    #: tiles (``schedules.transpose.gathers``)
+    #: a permutation that moves the innermost axis (``schedules.transpose.gathers``)
     moves_innermost: bool = False
-    tiles_alone: bool = False
 
 
 def kernel_facts(func: tvm.tirx.PrimFunc) -> KernelFacts:
@@ -132,8 +130,8 @@ def kernel_facts(func: tvm.tirx.PrimFunc) -> KernelFacts:
         for buf in list(func.params)[-1:])
     geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
         and not pool else None
-    moves, tiles = gathers(func) if not flops and red == 1 else (False, False)
-    return KernelFacts(flops, red, math_work, geometry, pool, ends, reduces, moves, tiles)
+    moves = gathers(func) if not flops and red == 1 else False
+    return KernelFacts(flops, red, math_work, geometry, pool, ends, reduces, moves)
 
 
 def has_reshape_pattern(func: tvm.tirx.PrimFunc) -> bool:

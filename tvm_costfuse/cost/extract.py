@@ -67,7 +67,6 @@ class _NodeFacts:
         "producers",
         "reads",
         "reduction",
-        "tiles_alone",
         "tuple_extra",
         "view",
         "window",
@@ -88,7 +87,7 @@ class _NodeFacts:
         self.escapes_block = node.name in graph.block_outputs
         self.is_move = _is_move(node, cls) and not _unit_reshape(graph, node)
         self.move_reorders = self.is_move and not node.reshape_like
-        self.gathers, self.tiles_alone = node.moves_innermost, node.tiles_alone
+        self.gathers = node.moves_innermost
         self.moves_data = _is_move(node, cls)  # a unit reshape too
         self.elems = _elems(node)
         self.window = self.reduction and _is_window(node)
@@ -232,9 +231,11 @@ def _is_attention(graph: OpGraph, facts: dict[str, _NodeFacts], member,
 def _gathered(facts: dict[str, _NodeFacts], member, calls: list[_NodeFacts]) -> int:
     """Elements of the members that move the innermost axis and gather once inlined into the
     group's kernel. A transpose alone is priced as the copy it is (the tile rule's, or the
-    fallback's: 0.5-0.7 ns an element where the fused form took 1.5); two such transposes
-    joined through data movement only undo each other once inlined (segformer's
-    image <-> token round trips around an activation: contiguous loads, 75 us for 3 MB)."""
+    fallback's: 0.5-0.7 ns an element where the fused form took 1.5). Two such transposes
+    joined through data movement only are taken to undo each other, a heuristic that fits
+    the round trips the importers emit (segformer's image -> tokens -> image around its GELU
+    ran 75 us, contiguous; counted, priced 958 us); a pair that composes into another
+    gathering permutation is priced free."""
     movers = [f for f in calls if f.gathers] if len(calls) > 1 else []
     undone: set[str] = set()
     for f in movers:

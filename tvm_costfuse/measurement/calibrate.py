@@ -46,8 +46,8 @@ from tvm.script import tirx as T
 
 from .. import targets
 from ..schedules.fast_math import rewrite_calls
-from . import depthwise_shares
-from .gather import gather_seconds
+from . import depthwise_shares, gather
+from .kernel_time import optional_figures
 from .quiet import OtherLoad
 from .timing import thread_pool
 
@@ -318,12 +318,12 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
             # past every core's L2 (both buffers), within a quarter of the LLC
             l3_buffer = min(l3 // 4, max(_L3_STREAM_BYTES, l2_total))
             timed("l3_bw", _stream_bandwidth, l3_buffer, lanes, cores, target, *plan)
-        iters = 20_000 if quick else 100_000
-        timed("fp32_flops", fp32_flops, lanes, cores, target, iters, *plan)
+        timed("fp32_flops", fp32_flops, lanes, cores, target, 20_000 if quick else 100_000, *plan)
         timed("math_s", math_seconds, lanes, cores, target, *plan)
-        timed("depthwise", depthwise_shares.measure, target, figures["fp32_flops"], *plan)
-        figures |= figures.pop("depthwise")
-        timed("gather_s", gather_seconds, cores, target, *plan)
+        timed("depthwise", optional_figures, "depthwise shares", depthwise_shares.measure,
+              target, figures["fp32_flops"], *plan)
+        timed("gather", optional_figures, "gather_s", gather.measure, cores, target, *plan)
+        figures |= figures.pop("depthwise") | figures.pop("gather")
         timed("launch_s", _launch_seconds, True, cores, target, *plan)
         timed("launch_s_serial", _launch_seconds, False, cores, target, *plan)
     finally:
@@ -364,7 +364,7 @@ def calibrate(
 
     Saves the record to ``path`` (default :data:`DEFAULT_PATH`) unless ``save_record`` is False;
     a record that cannot be saved is still returned (:func:`save` says why once).
-    Takes ~10-15 s on 2 busy cores (``quick``: ~2-3 s: a 64 MB stream, fewer repeats).
+    Takes ~10-20 s on 2 busy cores (``quick``: ~5 s: a 64 MB stream, fewer repeats).
     """
     record = measure(num_cores, quick)
     if save_record:

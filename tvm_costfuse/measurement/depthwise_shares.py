@@ -27,7 +27,7 @@ from tvm import relax
 
 from .kernel_time import kernel_seconds, one_kernel
 
-#: (channels, image side, kernel side, stride) of the shapes timed per stride.
+#: (channels, image side, kernel side) of the shapes timed, by stride.
 SHAPES = {1: ((144, 56, 3), (480, 14, 5)), 2: ((96, 112, 3), (192, 28, 3))}
 #: The record's figure names, in the order of ``TargetDesc.depthwise_shares``.
 FIGURES = ("depthwise_s1", "depthwise_s2", "channels_last_s1", "channels_last_s2")

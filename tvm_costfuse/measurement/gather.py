@@ -9,7 +9,8 @@ nothing of it (1 x 56 x 56 x 128 channels-last to NCHW, with the multiply below:
 element on a rocketlake core; as a stream of 29 GB/s its 8 bytes would take 0.27 ns).
 
 The kernel: that transpose with a multiply after it, so that FuseOps makes one kernel of the
-two and the fallback rule inlines the transpose, as it does in a model.
+two and the fallback rule inlines the transpose, as it does in a model. Only 4-byte
+permutations are marked as gathering (``schedules.transpose.gathers``).
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def program(shape=SHAPE) -> tvm.IRModule:
     return bb.get()
 
 
-def gather_seconds(cores: int, target: tvm.target.Target, repeat: int, ms: int) -> float:
-    """Seconds per gathered element per core: the kernel's time over its elements, times the
-    cores it ran on."""
+def measure(cores: int, target: tvm.target.Target, repeat: int, ms: int) -> dict:
+    """``{"gather_s": seconds per gathered element per core}``: the kernel's time over its
+    elements, times the cores it ran on. The whole kernel's time, its stream and multiply
+    included: the model adds it to a group's memory term, a few percent over for this
+    kernel, where a copy alone would leave the stream counted twice."""
     elems = 1
     for d in SHAPE:
         elems *= d
-    return kernel_seconds(one_kernel(program(), target), repeat, ms) * cores / elems
+    return {"gather_s": kernel_seconds(one_kernel(program(), target), repeat, ms) * cores / elems}

@@ -1,7 +1,7 @@
 """One kernel of our schedules, built and timed alone: what the calibration's kernel figures
 (``depthwise_shares``, ``gather``) measure.
 
-A Relax program of one operator goes through FuseOps' pipeline with our schedules (so the
+A Relax program of one operator (or two FuseOps makes one kernel of) goes through FuseOps' pipeline with our schedules (so the
 kernel is the one a model gets for that operator), and its one PrimFunc is compiled and timed
 without the VM: a VM call adds microseconds of dispatch that a share of the peak must not
 count.
@@ -9,11 +9,14 @@ count.
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import numpy as np
 import tvm
 from tvm import relax
+
+_log = logging.getLogger(__name__)
 
 
 class Kernel(NamedTuple):
@@ -51,3 +54,16 @@ def kernel_seconds(kernel: Kernel, repeat: int, min_repeat_ms: int) -> float:
     timer = kernel.module.time_evaluator(kernel.name, tvm.cpu(), number=1, repeat=repeat,
                                          min_repeat_ms=min_repeat_ms)
     return float(np.median(timer(*args).results))
+
+
+def optional_figures(name: str, measure, *args) -> dict:
+    """``measure(*args)``'s figures, or none where building or timing its kernels fails (a TVM
+    that lowers them otherwise, a target the schedules decline): the host then prices those
+    kernels with the fitted defaults, and the rest of the calibration record stands. A notice
+    names what failed."""
+    try:
+        return measure(*args)
+    except Exception as err:  # noqa: BLE001 -- any failure leaves the figure to its default
+        _log.warning("calibration: %s not measured (%s: %s); its default prices it", name,
+                     type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        return {}
