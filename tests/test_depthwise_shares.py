@@ -68,4 +68,4 @@ def test_the_shares_are_the_fitted_form(monkeypatch):
 def test_the_records_figures_are_the_ones_the_host_reads():
     from tvm_costfuse.targets import machine
 
-    assert depthwise_shares.FIGURES == machine._SHARE_FIGURES
+    assert depthwise_shares.FIGURES == machine.SHARE_FIGURES

@@ -25,12 +25,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..targets.machine import SHARE_FIGURES
 from .kernel_time import kernel_seconds, one_kernel
 
 #: (channels, image side, kernel side) of the shapes timed, by stride.
 SHAPES = {1: ((144, 56, 3), (480, 14, 5)), 2: ((96, 112, 3), (192, 28, 3))}
 #: The record's figure names, in the order of ``TargetDesc.depthwise_shares``.
-FIGURES = ("depthwise_s1", "depthwise_s2", "channels_last_s1", "channels_last_s2")
+FIGURES = SHARE_FIGURES
 
 
 def program(channels: int, size: int, kernel: int, stride: int, layout: str) -> tvm.IRModule:

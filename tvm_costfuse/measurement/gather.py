@@ -15,6 +15,8 @@ permutations are marked as gathering (``schedules.transpose.gathers``).
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import relax
 
@@ -39,9 +41,7 @@ def program(shape=SHAPE) -> tvm.IRModule:
 def measure(cores: int, target: tvm.target.Target, repeat: int, ms: int) -> dict:
     """``{"gather_s": seconds per gathered element per core}``: the kernel's time over its
     elements, times the cores it ran on. The whole kernel's time, its stream and multiply
-    included: the model adds it to a group's memory term, a few percent over for this
-    kernel, where a copy alone would leave the stream counted twice."""
-    elems = 1
-    for d in SHAPE:
-        elems *= d
-    return {"gather_s": kernel_seconds(one_kernel(program(), target), repeat, ms) * cores / elems}
+    included: the model adds it to a group's compute term beside its memory term, so this
+    kernel itself is priced a few percent over."""
+    seconds = kernel_seconds(one_kernel(program(), target), repeat, ms)
+    return {"gather_s": seconds * cores / math.prod(SHAPE)}

@@ -1,10 +1,10 @@
 """One kernel of our schedules, built and timed alone: what the calibration's kernel figures
 (``depthwise_shares``, ``gather``) measure.
 
-A Relax program of one operator (or two FuseOps makes one kernel of) goes through FuseOps' pipeline with our schedules (so the
-kernel is the one a model gets for that operator), and its one PrimFunc is compiled and timed
-without the VM: a VM call adds microseconds of dispatch that a share of the peak must not
-count.
+A Relax program of one operator (or of two that FuseOps makes one kernel of) goes through
+FuseOps' pipeline with our schedules (so the kernel is the one a model gets for it), and its
+one PrimFunc is compiled and timed without the VM: a VM call adds microseconds of dispatch
+that a share of the peak must not count.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class TargetDesc:
     # measured (``schedules/efficiency.py``'s fitted shares).
     depthwise_shares: tuple[float, float, float, float] | None = None
     # Seconds one core spends per element of a transpose whose loads gather (the output's
-    # innermost axis is not the input's; ``calibrate.gather_seconds``); None: not measured
+    # innermost axis is not the input's; ``measurement/gather.py``); None: not measured
     # (:meth:`gather_seconds` derives it).
     gather_s: float | None = None
     source: str = "datasheet"  # where the figures came from, e.g. "sysfs+calibrated"

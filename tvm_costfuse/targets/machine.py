@@ -40,13 +40,14 @@ _DEFAULT_LAUNCH_SERIAL_S = 2e-7
 # and calibrate floors them at 0 when timer noise swamps one (>= 0). l2_bw, l3_bw and math_s
 # may be None (not measured; records from before math_s lack it: ``TargetDesc.exp_seconds``
 # derives it from the peak); a figure a record leaves out keeps its default.
-# The depthwise kernels' shares (``calibrate``'s ``depthwise_shares``) may be missing too
-# (records from before them): ``efficiency.py``'s fitted shares price those kernels then.
-_SHARE_FIGURES = ("depthwise_s1", "depthwise_s2", "channels_last_s1", "channels_last_s2")
+# The depthwise kernels' shares (``measurement/depthwise_shares.py``, which names its figures
+# by this tuple), in the order of ``TargetDesc.depthwise_shares``, may be missing too (records
+# from before them): ``efficiency.py``'s fitted shares price those kernels then.
+SHARE_FIGURES = ("depthwise_s1", "depthwise_s2", "channels_last_s1", "channels_last_s2")
 _POSITIVE_FIGURES = ("dram_bw", "fp32_flops", "l2_bw", "l3_bw", "math_s", "gather_s",
-                     *_SHARE_FIGURES)
+                     *SHARE_FIGURES)
 _NONNEGATIVE_FIGURES = ("launch_s", "launch_s_serial")
-_OPTIONAL_FIGURES = ("l2_bw", "l3_bw", "math_s", "gather_s", *_SHARE_FIGURES)
+_OPTIONAL_FIGURES = ("l2_bw", "l3_bw", "math_s", "gather_s", *SHARE_FIGURES)
 
 _log = logging.getLogger(__name__)
 _noticed: set[str] = set()  # the notices given in this process (see _notice)
@@ -201,7 +202,7 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         "l3_bw": None,
         "math_s": None,
         "gather_s": None,
-    } | dict.fromkeys(_SHARE_FIGURES)
+    } | dict.fromkeys(SHARE_FIGURES)
     record = _calibration_record(calibration, cores) if mcpu in (None, host_cpu()) else None
     figure_source = "default"
     if record and record.get("num_cores") == cores:
@@ -235,7 +236,7 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         vector_regs=isa.vector_registers(target),
         math_s=figures["math_s"],
         gather_s=figures["gather_s"],
-        depthwise_shares=(None if any(figures[k] is None for k in _SHARE_FIGURES)
-                          else tuple(float(figures[k]) for k in _SHARE_FIGURES)),
+        depthwise_shares=(None if any(figures[k] is None for k in SHARE_FIGURES)
+                          else tuple(float(figures[k]) for k in SHARE_FIGURES)),
         source=f"{caches['source']}+{figure_source}",
     )
