@@ -13,6 +13,12 @@ output-innermost tiles outermost instead, a token-major transpose ran 0.27x the 
 rows, its tile rows landing 256 bytes apart). 1.40-5.51x the gathered rows on the transposes
 of ``lab/transpose_ab.py`` (1 thread, rocketlake). Only a pure copy of 4-byte elements whose
 two axes are whole tiles is taken; the rest keeps the generic schedule.
+
+The tile edge is the widest of :data:`EDGES` that divides both axes. A 4 x 4 tile takes the
+images of 28 or 12 pixels a side that 8 leaves out, whose gathered rows are slowest where an
+input row is a multiple of 128 bytes (64 to 160 channels: 0.74-0.99 ns an element on a
+rocketlake core, 0.27-0.30 at 116 or 120): 0.13-0.14 ns as 4 x 4 tiles, and where 8 divides
+too, 8 x 8 and 4 x 4 ran alike (0.143 / 0.144 ns; 2026-12-08).
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from ._common import int_extent, is_spatial
 from ._loops import parallelize
 
-__all__ = ["TILE", "gathers", "schedule_transpose"]
+__all__ = ["EDGES", "gathers", "schedule_transpose", "tiles"]
 
-#: Tile edge: 8 x 8 ran 1.45x a 16 x 16 tile on ``lab/transpose_tile_probe.py`` (measured
-#: with the other tile order; 16 vectors and their transposed copies would fill the
-#: register file).
-TILE = 8
+#: Tile edges, tried widest first: 8 x 8 ran 1.45x a 16 x 16 tile on
+#: ``lab/transpose_tile_probe.py`` (measured with the other tile order; 16 vectors and their
+#: transposed copies would fill the register file).
+EDGES = (8, 4)
 
 
 def _vars(indices) -> list | None:
@@ -79,18 +85,38 @@ def _transposed(sch: s_tir.Schedule, block):
     return found["out"], found["in"]
 
 
-def gathers(func: tirx.PrimFunc) -> bool:
-    """Whether ``func`` is a copy of 4-byte elements through a permutation that moves the
-    innermost axis (:func:`_transposed`; other element sizes are not marked). Fused into
-    another kernel, its loads gather; the cost model prices them so (``cost.extract``)."""
+def _edge(sch: s_tir.Schedule, loops) -> int | None:
+    """The widest of :data:`EDGES` dividing every loop's extent; None if none does."""
+    extents = [int_extent(sch, lp) for lp in loops]
+    return next((e for e in EDGES if all(x % e == 0 for x in extents)), None)
+
+
+def _found(func: tirx.PrimFunc):
+    """(schedule, :func:`_transposed`'s loops) of a one-block ``func``; None otherwise."""
     if not isinstance(func.body, s_tir.SBlockRealize):
-        return False
+        return None
     try:
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
     except (RuntimeError, ValueError):
-        return False
-    return len(blocks) == 1 and _transposed(sch, blocks[0]) is not None
+        return None
+    found = _transposed(sch, blocks[0]) if len(blocks) == 1 else None
+    return None if found is None else (sch, found)
+
+
+def gathers(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is a copy of 4-byte elements through a permutation that moves the
+    innermost axis (:func:`_transposed`; other element sizes are not marked). Fused into
+    another kernel, its loads gather; the cost model prices them so (``cost.extract``)."""
+    return _found(func) is not None
+
+
+def tiles(func: tirx.PrimFunc) -> bool:
+    """Whether ``func``, alone in its kernel, runs as this rule's tiles: a :func:`gathers`
+    permutation whose two axes an edge divides (the cost model prices it at the host's
+    tiled-transpose cost; ``cost.analytical._transposes``)."""
+    found = _found(func)
+    return found is not None and _edge(found[0], found[1]) is not None
 
 
 def schedule_transpose(sch: s_tir.Schedule, name: str):
@@ -100,27 +126,28 @@ def schedule_transpose(sch: s_tir.Schedule, name: str):
     found = _transposed(sch, sch.get_sblock(name))
     if found is None:
         return None
-    if any(int_extent(sch, lp) % TILE for lp in found):
+    edge = _edge(sch, found)
+    if edge is None:
         return None
     trial = sch.copy()
     try:
         block = trial.get_sblock(name)
         out_loop, in_loop = _transposed(trial, block)
-        tile = _tile(trial, block, out_loop, in_loop)
+        tile = _tile(trial, block, out_loop, in_loop, edge)
     except (RuntimeError, ValueError):  # ScheduleError is a RuntimeError
         return None
     return trial, {name, trial.get(tile).name_hint}
 
 
-def _tile(sch: s_tir.Schedule, block, out_loop, in_loop):
+def _tile(sch: s_tir.Schedule, block, out_loop, in_loop, edge: int):
     loops = sch.get_loops(block)
     work = 1
     for lp in loops:
         work *= int_extent(sch, lp)
     others = [lp for lp in loops if not sch.get(lp).same_as(sch.get(out_loop))
               and not sch.get(lp).same_as(sch.get(in_loop))]
-    oo, oi = sch.split(out_loop, factors=[None, TILE])
-    io, ii = sch.split(in_loop, factors=[None, TILE])
+    oo, oi = sch.split(out_loop, factors=[None, edge])
+    io, ii = sch.split(in_loop, factors=[None, edge])
     sch.reorder(*others, io, oo, ii, oi)
     tile = sch.cache_read(block, 0, "local", consumer_blocks=[block])
     sch.compute_at(tile, oo)

@@ -91,7 +91,7 @@ def test_unwritable_record_is_one_notice_not_an_error(where, tmp_path, first_use
     ("dram_bw", 0), ("dram_bw", -1e9), ("fp32_flops", float("nan")), ("l2_bw", float("inf")),
     ("launch_s", -1e-6), ("launch_s_serial", "fast"), ("fp32_flops", True), ("dram_bw", None),
     ("math_s", -1e-10), ("math_s", 0.0), ("depthwise_s2", 0.0), ("channels_last_s1", float("nan")),
-    ("gather_s", -1e-9),
+    ("gather_s", -1e-9), ("transpose_s", 0.0),
 ])
 def test_invalid_figure_is_ignored_with_a_notice(field, value, tmp_path, first_use, caplog):
     defaults = targets.host(num_cores=CORES, calibration=False)

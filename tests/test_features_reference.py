@@ -137,6 +137,8 @@ def reference_features(graph, members) -> GroupFeatures:
         view_ops=sum(n.view for n in calls),
         attention=reference_attention(graph, names, len(outputs)),
         gathered_elems=reference_gathered(graph, names),
+        transposed_elems=_elems(graph[calls[0].name]) if len(calls) == 1
+        and calls[0].tiles_alone else 0,
         ends_in_reduction=int(calls[-1].ends_in_reduction) if calls else 0,
     )
 
@@ -300,11 +302,13 @@ def test_equal_on_arbitrary_member_sets(seed, n, data):
 @given(st.integers(0, 10_000), st.integers(2, 40), st.data())
 def test_equal_with_gathering_transposes(seed, n, data):
     """The synthetic graphs with every data-movement node a transpose that moves the
-    innermost axis (``Node.moves_innermost``): chains and diamonds of them."""
+    innermost axis (``Node.moves_innermost``), every other one tiled alone: chains and
+    diamonds of them."""
     graph = branchy_dag(n, seed=seed) if seed % 2 else random_dag(n, seed=seed)
-    graph = make_graph([dataclasses.replace(node, moves_innermost=node.kind == "call_tir"
-                                            and node.pattern == OpPattern.INJECTIVE
-                                            and not node.flops) for node in graph.nodes])
+    moving = [node.kind == "call_tir" and node.pattern == OpPattern.INJECTIVE and not node.flops
+              for node in graph.nodes]
+    graph = make_graph([dataclasses.replace(node, moves_innermost=m, tiles_alone=m and i % 2 == 0)
+                        for i, (node, m) in enumerate(zip(graph.nodes, moving))])
     picked = data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n))
     _assert_equal(graph, [frozenset(f"op{i}" for i in picked)])
 

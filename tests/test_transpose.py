@@ -1,6 +1,6 @@
 """Transposes that move the innermost axis run as register tiles (schedules/transpose.py):
-exact outputs for every permutation of 2-4 axes, whole tiles or not; the Fallback's
-scheduled function holds the tile where both axes are whole tiles of a pure float32 copy,
+exact outputs for every permutation of 2-4 axes, whole tiles (of 8 or of 4) or not; the
+Fallback's scheduled function holds the tile where both axes are whole tiles of a pure float32 copy,
 and none otherwise (a kept innermost axis, a symbolic batch, a second reader of the input,
 an elementwise op fused in, 64-bit elements)."""
 
@@ -22,7 +22,7 @@ from tvm_costfuse.strategies import strategy_pipeline, tir_pipeline
 from tvm_costfuse.targets import host_target
 
 SHAPES = [(8, 8), (1, 8, 8), (16, 24), (9, 16), (2, 16, 40), (1, 8, 13), (1, 16, 8, 24),
-          (2, 8, 7, 16), (3, 5, 8, 8)]
+          (2, 8, 7, 16), (3, 5, 8, 8), (12, 20), (1, 4, 28, 12), (6, 4, 8)]
 TARGET = host_target(1)
 
 
@@ -57,8 +57,11 @@ def test_transposes_compute_exactly_and_tile_where_they_can(shape, perm):
     data = np.random.default_rng(0).standard_normal(shape).astype("float32")
     np.testing.assert_array_equal(run(ex, {"x": data})[0], data.transpose(perm))
     moved = perm[-1] != len(shape) - 1
-    whole = shape[-1] % transpose.TILE == 0 and shape[perm[-1]] % transpose.TILE == 0
+    whole = any(shape[-1] % e == 0 and shape[perm[-1]] % e == 0 for e in transpose.EDGES)
     assert _tiled(mod) == (moved and whole)
+    func = next(f for f in fuse(mod, TARGET, relax.transform.FuseOps()).functions.values()
+                if isinstance(f, tvm.tirx.PrimFunc))
+    assert transpose.gathers(func) == moved and transpose.tiles(func) == (moved and whole)
 
 
 def test_what_is_no_pure_transpose_keeps_the_generic_schedule():

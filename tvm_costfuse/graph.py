@@ -99,6 +99,9 @@ class Node:
     # A permutation moving the innermost axis (``kernel_facts``): fused into another kernel,
     # its loads gather (``cost.extract._gathered``).
     moves_innermost: bool = False
+    # Such a permutation that runs as register tiles alone (``kernel_facts``): priced at the
+    # host's tiled-transpose cost there (``cost.extract._transposed``).
+    tiles_alone: bool = False
 
     @property
     def fusable(self) -> bool:
@@ -299,7 +302,7 @@ def build_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
                             tuple(inputs), outputs, tuple(sizes), k.flops, in_bytes,
                             _nbytes(outputs), k.reduction_extent, why, block_index, view,
                             reshape_like, k.math, k.geometry, k.pool, k.ends_in_reduction,
-                            k.reduces, k.moves_innermost)
+                            k.reduces, k.moves_innermost, k.tiles_alone)
             elif isinstance(binding, relax.VarBinding) and isinstance(value, relax.TupleGetItem):
                 node = Node(name, len(nodes), "tuple_get_item", None, OpPattern.INJECTIVE,
                             tuple(inputs), outputs, tuple(sizes), 0.0, 0, 0, 1, None,

@@ -20,7 +20,7 @@ from .schedules.efficiency import Geometry
 from .schedules.efficiency import describe as contraction_geometry
 from .schedules.fast_math import is_integer_power
 from .schedules.math_calls import MATH_COST
-from .schedules.transpose import gathers
+from .schedules.transpose import gathers, tiles
 
 __all__ = ["KernelFacts", "has_reshape_pattern", "kernel_facts"]
 
@@ -117,6 +117,8 @@ class KernelFacts:
     reduces: bool
     #: a permutation that moves the innermost axis (``schedules.transpose.gathers``)
     moves_innermost: bool = False
+    #: such a permutation that runs as register tiles alone (``schedules.transpose.tiles``)
+    tiles_alone: bool = False
 
 
 def kernel_facts(func: tvm.tirx.PrimFunc) -> KernelFacts:
@@ -131,7 +133,8 @@ def kernel_facts(func: tvm.tirx.PrimFunc) -> KernelFacts:
     geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
         and not pool else None
     moves = gathers(func) if not flops and red == 1 else False
-    return KernelFacts(flops, red, math_work, geometry, pool, ends, reduces, moves)
+    return KernelFacts(flops, red, math_work, geometry, pool, ends, reduces, moves,
+                       moves and tiles(func))
 
 
 def has_reshape_pattern(func: tvm.tirx.PrimFunc) -> bool:

@@ -238,6 +238,18 @@ def _gathers(f: GroupFeatures, target, card: Card) -> float:
     return f.gathered_elems * target.gather_seconds() / max(1, target.cores)
 
 
+def _transposes(f: GroupFeatures, target) -> float:
+    """Seconds of a lone CPU transpose moving the innermost axis (``transposed_elems``) at the
+    host's tiled-transpose cost, over its cores. Its bytes alone priced such a kernel at the
+    stream's 0.09 ns an element in L2; as register tiles it runs 0.23-0.32 ns (rocketlake),
+    and a channels-last plan keeps one around every op that stays NCHW: shufflenet_v2's 25
+    ran 2.2x their price, and its channels-last plan was priced 7% faster where it ran 8%
+    slower (docs/log/2026-12-08.md)."""
+    if not f.transposed_elems or target.kind != "cpu":
+        return 0.0
+    return f.transposed_elems * target.transpose_seconds() / max(1, target.cores)
+
+
 def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Estimate:
     """Analytical time of one kernel computing the group described by ``f`` on ``target``."""
     if f.is_view:  # TVM makes a lone reshape a view: no launch, nothing moves
@@ -307,7 +319,7 @@ def estimate(f: GroupFeatures, target, register_budget: int | None = None) -> Es
     if items is not None:  # a tiling with fewer parallel iterations than cores idles some
         cores = max(1, target.cores)
         compute /= items / (cores * -(-items // cores))
-    compute += _gathers(f, target, card)
+    compute += _gathers(f, target, card) + _transposes(f, target)
     if card.recomputes:  # inlined producers evaluated per use
         compute += f.recompute_flops / rate / _parallel_efficiency(
             f.out_elems, f.dtype_bytes, target)

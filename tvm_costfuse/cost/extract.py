@@ -67,6 +67,7 @@ class _NodeFacts:
         "producers",
         "reads",
         "reduction",
+        "tiles_alone",
         "tuple_extra",
         "view",
         "window",
@@ -88,6 +89,7 @@ class _NodeFacts:
         self.is_move = _is_move(node, cls) and not _unit_reshape(graph, node)
         self.move_reorders = self.is_move and not node.reshape_like
         self.gathers = node.moves_innermost
+        self.tiles_alone = node.tiles_alone
         self.moves_data = _is_move(node, cls)  # a unit reshape too
         self.elems = _elems(node)
         self.window = self.reduction and _is_window(node)
@@ -230,8 +232,8 @@ def _is_attention(graph: OpGraph, facts: dict[str, _NodeFacts], member,
 
 def _gathered(facts: dict[str, _NodeFacts], member, calls: list[_NodeFacts]) -> int:
     """Elements of the members that move the innermost axis and gather once inlined into the
-    group's kernel. A transpose alone is priced as the copy it is (the tile rule's, or the
-    fallback's: 0.5-0.7 ns an element where the fused form took 1.5). Two such transposes
+    group's kernel. A transpose alone is the tile rule's copy (:func:`_transposed`: 0.2-0.4
+    ns an element where the fused form took 1.5). Two such transposes
     joined through data movement only are taken to undo each other, a heuristic that fits
     the round trips the importers emit (segformer's image -> tokens -> image around its GELU
     ran 75 us, contiguous; counted, priced 958 us); a pair that composes into another
@@ -252,6 +254,16 @@ def _gathered(facts: dict[str, _NodeFacts], member, calls: list[_NodeFacts]) -> 
             elif c.moves_data:
                 stack += [x for x in c.consumers if x in member]
     return sum([f.elems for f in movers if f.name not in undone])
+
+
+def _transposed(calls: list[_NodeFacts]) -> int:
+    """Elements of a permutation that moves the innermost axis, alone in its kernel (the only
+    call: views around it move nothing) and run as register tiles there. One the tile rule
+    declines runs the fallback's gathered rows, whose cost depends on the input row's
+    stride (0.27-0.32 ns an element at 116 or 232 channels, 0.74-0.99 at 64 to 160 on a
+    rocketlake core): such a kernel stays priced by its bytes alone, low where its rows are a
+    multiple of 128 bytes."""
+    return calls[0].elems if len(calls) == 1 and calls[0].tiles_alone else 0
 
 
 def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
@@ -369,6 +381,7 @@ def group_features(graph: OpGraph, members: Iterable[str]) -> GroupFeatures:
         "ends_in_reduction": int(calls[-1].ends_in_reduction) if calls else 0,
         "view_ops": views,
         "gathered_elems": _gathered(facts, member, calls),
+        "transposed_elems": _transposed(calls),
         "attention": len(outputs) == 1 and bool(contractions) and _is_attention(
             graph, facts, member, contractions),
     })

@@ -145,6 +145,9 @@ class GroupFeatures:
     # Elements written by permutations that move the innermost axis and gather their loads,
     # fused with other members (``Node.moves_innermost``; ``extract._gathered``).
     gathered_elems: int = 0
+    # Elements written by such a permutation alone in its kernel: the tile rule's copy, which
+    # costs more than its stream (``extract._transposed``).
+    transposed_elems: int = 0
 
     @property
     def is_view(self) -> bool:
@@ -226,5 +229,5 @@ class GroupFeatures:
 
 _NOT_LEARNED = ("boundary_sizes", "constant_sizes", "module_constant_bytes", "tuple_items",
                 "prologue_compute", "n_outputs", "moves_after_reduction", "view_ops", "op_work", "attention",
-                "ends_in_reduction", "gathered_elems")
+                "ends_in_reduction", "gathered_elems", "transposed_elems")
 FEATURE_NAMES = tuple(f.name for f in fields(GroupFeatures) if f.name not in _NOT_LEARNED)

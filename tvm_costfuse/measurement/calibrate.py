@@ -17,8 +17,8 @@ written out (parallel over cores, vectorized to the CPU's vector width), timed w
   KiB per core, less the same sweep of ``x = 0.5 - 0.5 x``. The cost models price math calls in
   units of it (``schedules.math_calls.MATH_COST``); the FMA peak does not tell it, as the
   polynomial's rounding, shifts and selects are no FMAs.
-- ``depthwise_s1`` .. ``channels_last_s2``, ``gather_s``: our depthwise kernels' shares of the
-  peak per layout and stride, a gathering transpose's seconds per element (:mod:`.gather`).
+- ``depthwise_s1`` .. ``channels_last_s2``, ``gather_s``, ``transpose_s``: our depthwise kernels'
+  shares of the peak, a gathering and a lone transpose's seconds per element (:mod:`.gather`).
 - ``launch_s``: a Relax VM function calling N tiny ``call_tir`` kernels vs one:
   ``(t_N - t_1) / (N - 1)``. Measured for a parallel kernel (what scheduled kernels pay: VM
   dispatch + thread-pool fork/join) and a serial one (VM dispatch alone).
@@ -322,7 +322,7 @@ def measure(num_cores: int | None = None, quick: bool = False) -> dict:
         timed("math_s", math_seconds, lanes, cores, target, *plan)
         timed("depthwise", optional_figures, "depthwise shares", depthwise_shares.measure,
               target, figures["fp32_flops"], *plan)
-        timed("gather", optional_figures, "gather_s", gather.measure, cores, target, *plan)
+        timed("gather", optional_figures, "transpose costs", gather.measure, cores, target, *plan)
         figures |= figures.pop("depthwise") | figures.pop("gather")
         timed("launch_s", _launch_seconds, True, cores, target, *plan)
         timed("launch_s_serial", _launch_seconds, False, cores, target, *plan)

@@ -25,6 +25,10 @@ EXP_FLOPS = 30.0
 #: on a rocketlake host (2026-12-07): 1.52 ns at 22.9 GB/s on one core, 35 bytes; 1.29 ns at
 #: 23.8 GB/s a core on two, 31. An uncalibrated host's DRAM default is 4 GB/s a core.
 GATHER_BYTES = 32.0
+#: The same for an element of a lone transpose that moves the innermost axis (the tile rule's
+#: kernel) where ``transpose_s`` was not measured: 0.27-0.30 ns on one rocketlake core against
+#: 14.2 GB/s (2026-12-08), 4 bytes.
+TRANSPOSE_BYTES = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,9 @@ class TargetDesc:
     # innermost axis is not the input's; ``measurement/gather.py``); None: not measured
     # (:meth:`gather_seconds` derives it).
     gather_s: float | None = None
+    # The same for a lone transpose, as register tiles (``measurement/gather.py``); None: not
+    # measured (:meth:`transpose_seconds` derives it).
+    transpose_s: float | None = None
     source: str = "datasheet"  # where the figures came from, e.g. "sysfs+calibrated"
 
     def __post_init__(self):
@@ -106,6 +113,16 @@ class TargetDesc:
         if self.kind == CUDA:
             return 0.0
         return GATHER_BYTES / (self.dram_bw / max(1, self.cores))
+
+    def transpose_seconds(self) -> float:
+        """Seconds one core (CPU) spends per element of a lone transpose moving the innermost
+        axis: ``transpose_s`` where measured, else :data:`TRANSPOSE_BYTES` at the per-core
+        DRAM bandwidth. GPUs: 0, as :meth:`gather_seconds`."""
+        if self.transpose_s is not None:
+            return self.transpose_s
+        if self.kind == CUDA:
+            return 0.0
+        return TRANSPOSE_BYTES / (self.dram_bw / max(1, self.cores))
 
     @property
     def parallel_units(self) -> int:

@@ -45,9 +45,9 @@ _DEFAULT_LAUNCH_SERIAL_S = 2e-7
 # from before them): ``efficiency.py``'s fitted shares price those kernels then.
 SHARE_FIGURES = ("depthwise_s1", "depthwise_s2", "channels_last_s1", "channels_last_s2")
 _POSITIVE_FIGURES = ("dram_bw", "fp32_flops", "l2_bw", "l3_bw", "math_s", "gather_s",
-                     *SHARE_FIGURES)
+                     "transpose_s", *SHARE_FIGURES)
 _NONNEGATIVE_FIGURES = ("launch_s", "launch_s_serial")
-_OPTIONAL_FIGURES = ("l2_bw", "l3_bw", "math_s", "gather_s", *SHARE_FIGURES)
+_OPTIONAL_FIGURES = ("l2_bw", "l3_bw", "math_s", "gather_s", "transpose_s", *SHARE_FIGURES)
 
 _log = logging.getLogger(__name__)
 _noticed: set[str] = set()  # the notices given in this process (see _notice)
@@ -202,6 +202,7 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         "l3_bw": None,
         "math_s": None,
         "gather_s": None,
+        "transpose_s": None,
     } | dict.fromkeys(SHARE_FIGURES)
     record = _calibration_record(calibration, cores) if mcpu in (None, host_cpu()) else None
     figure_source = "default"
@@ -236,6 +237,7 @@ def host(num_cores: int | None = None, calibration=True, mcpu: str | None = None
         vector_regs=isa.vector_registers(target),
         math_s=figures["math_s"],
         gather_s=figures["gather_s"],
+        transpose_s=figures["transpose_s"],
         depthwise_shares=(None if any(figures[k] is None for k in SHARE_FIGURES)
                           else tuple(float(figures[k]) for k in SHARE_FIGURES)),
         source=f"{caches['source']}+{figure_source}",
