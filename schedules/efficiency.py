@@ -47,7 +47,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from . import columns, conv_shape, depthwise, depthwise_nhwc, gemm
-from ._common import is_spatial, root_blocks
+from ._common import is_spatial, largest_divisor, root_blocks
 from .conv import choose_conv_tile
 from .gemm_tile import FMA_LATENCY, LOADS_PER_CYCLE, pick_tile, tile_cycles
 from .prepack import layout_free
@@ -80,13 +80,16 @@ E_CHANNELS_LAST = {1: 0.82, 2: 0.44}
 
 class GemmGeometry(NamedTuple):
     """A block the GEMM micro-kernel takes: ``m x n`` outputs, whether the streamed operand is
-    a constant weight (packed at compile time), and the extent of the axis that may merge into
-    the columns (``columns.py``; None: none, and in rows recorded before it)."""
+    a constant weight (packed at compile time), the extent of the axis that may merge into
+    the columns (``columns.py``; None: none, and in rows recorded before it), and the output
+    rows each streamed element serves (``gemm_tile.pick_tile``'s ``reuse``; None in rows
+    recorded before it)."""
 
     m: int
     n: int
     weight: bool
     height: int | None = None
+    reuse: int | None = None
 
 
 class ConvGeometry(NamedTuple):
@@ -159,7 +162,8 @@ def describe(func: tirx.PrimFunc) -> Geometry | None:
         m = extents[einsum.row] if einsum.row is not None else 1
         weight = any(p.same_as(einsum.streamed.source) for p in layout_free(sch))
         gemm_geom = GemmGeometry(m, extents[einsum.col], weight,
-                                 columns.mergeable(block, store, einsum))
+                                 columns.mergeable(block, store, einsum),
+                                 gemm.reuse(extents, einsum))
     shape = conv_shape.analyze(block, *operands)
     conv_geom = None
     if shape is not None:
@@ -177,7 +181,7 @@ def _gemm_share(g: GemmGeometry, lanes: int, registers: int) -> float | None:
     if g.n < lanes:
         return None  # the rule keeps the general tiling for rows narrower than a vector
     m = g.m
-    tile, cols = pick_tile(m, g.n, lanes, registers, g.weight, g.height)
+    tile, cols = pick_tile(m, g.n, lanes, registers, g.weight, g.height, g.reuse)
     if tile is None:
         return None
     return (m * cols / lanes / 2) / tile_cycles(tile, m, cols)
@@ -200,9 +204,14 @@ def _conv_share(g: ConvGeometry, lanes: int, registers: int) -> float | None:
     return (channels * height * width / lanes / 2) / (tiles * step)
 
 
-def _depthwise_share(g: Geometry, measured: tuple | None) -> tuple[str, float]:
+def _depthwise_share(g: Geometry, lanes: int, measured: tuple | None) -> tuple[str, float]:
     """(path, share over the K term) of a depthwise block: the host's measured share of its
-    layout's kernel at its stride (2 for any stride above), else the fitted one."""
+    layout's kernel at its stride (2 for any stride above), else the fitted one. Both were
+    taken on channel counts whole vectors divide; a channels-last kernel on others runs
+    narrower vectors (``depthwise_nhwc.channel_tile``) at the square root of their share of
+    the lanes: measured 0.70-0.85 of the whole-vector share at half the lanes, 0.42-0.64 at
+    a quarter, 0.21-0.32 at an eighth (AVX-512, 7-28 px, strides 1 and 2, rocketlake,
+    2026-12-08), where the kernel at full width is bound by its loads as much as its FMAs."""
     nchw = g.depthwise is not None
     stride = g.depthwise if nchw else g.channels_last
     if measured is not None:
@@ -211,6 +220,8 @@ def _depthwise_share(g: Geometry, measured: tuple | None) -> tuple[str, float]:
     else:
         fitted = E_DEPTHWISE if nchw else E_CHANNELS_LAST
         share = fitted.get(stride, fitted[2])
+    if not nchw:
+        share *= math.sqrt(depthwise_nhwc.channel_tile(g.tiled, lanes) / lanes)
     return ("depthwise" if nchw else "channels_last"), share
 
 
@@ -218,6 +229,18 @@ def lane_fill(extent: int, lanes: int) -> float:
     """Share of the lanes of ``extent``'s vectors that hold elements: the last, partial
     vector of a row runs whole."""
     return extent / (-(-extent // lanes) * lanes)
+
+
+def vector_fill(extent: int, lanes: int) -> float:
+    """Share of the lanes the general tiling's vectors fill along an ``extent`` (``_common.
+    vector_tile``): whole vectors where ``lanes`` divides it; one partial register where it is
+    narrower; else vectors as wide as its largest divisor below ``lanes`` (232 channels: 8 of
+    16 lanes, where a 7 x 7 x 232 channels-last 1x1 convolution with a constant weight ran at
+    0.41 of the peak: the GEMM micro-kernel declines a weight no tile divides that fewer than
+    ``PAD_WEIGHT_ROWS`` rows reuse)."""
+    if extent % lanes == 0 or extent < lanes:
+        return lane_fill(extent, lanes)
+    return largest_divisor(extent, lanes) / lanes
 
 
 def k0_of(path: str) -> float:
@@ -246,6 +269,6 @@ def fraction_of_peak(geometry, lanes: int, registers: int,
     if share is not None:
         return "conv", E_PATH["conv"] * share * reduce
     if g.depthwise is not None or g.channels_last is not None:
-        path, share = _depthwise_share(g, depthwise_shares)
+        path, share = _depthwise_share(g, lanes, depthwise_shares)
         return path, share * reduce
-    return "tiled", E_PATH["tiled"] * lane_fill(g.tiled, lanes) * reduce
+    return "tiled", E_PATH["tiled"] * vector_fill(g.tiled, lanes) * reduce

@@ -75,6 +75,12 @@ def _has(indices, var) -> bool:
     return any(isinstance(i, tirx.Var) and i.same_as(var) for i in indices)
 
 
+def reuse(extents: dict, shape: Einsum) -> int:
+    """The output rows each streamed element serves: the product of the block's extents
+    (``var -> extent``; None counts 1) of the vars its own indices do not name."""
+    return math.prod(e or 1 for v, e in extents.items() if not _has(shape.streamed.indices, v))
+
+
 def analyze(block: s_tir.SBlock, store, lhs, rhs) -> Einsum | None:
     """Roles for ``store = store + lhs * rhs`` when every index is a var or a constant."""
     if not (_plain(store.indices) and _plain(lhs.indices) and _plain(rhs.indices)):
@@ -193,9 +199,8 @@ def schedule(sch: s_tir.Schedule, name: str, shape: Einsum, target) -> s_tir.Sch
         return None  # narrower than one vector: the general tiling fits partial vectors
     weight = any(p.same_as(shape.streamed.source) for p in layout_free(sch))
     height = columns.mergeable(stmt, stmt.body, shape)
-    # the output rows each streamed element serves: the axes its own indices do not name
-    reuse = math.prod(e or 1 for v, e in extents.items() if not _has(shape.streamed.indices, v))
-    tile, cols = pick_tile(m, n, lanes, vector_registers(target), weight, height, reuse)
+    tile, cols = pick_tile(m, n, lanes, vector_registers(target), weight, height,
+                           reuse(extents, shape))
     merged = n if cols != n else None  # the image row's width, merged into the columns
     if tile is None:
         return None

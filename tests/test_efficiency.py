@@ -117,12 +117,19 @@ def test_a_hosts_measured_depthwise_shares_price_its_depthwise_kernels():
     reduce = 9 / (9 + efficiency.K0)
     assert fraction_of_peak(s1, *AVX512, measured) == ("depthwise", pytest.approx(0.3 * reduce))
     assert fraction_of_peak(s2, *AVX512, measured) == ("depthwise", pytest.approx(0.1 * reduce))
-    nhwc = [efficiency.Geometry(*g[:4], None, g[4]) for g in (s1, s2)]  # the same, channels-last
+    # the same, channels-last: vectorized over the 96 channels
+    nhwc = [efficiency.Geometry(*g[:3], 96, None, g[4]) for g in (s1, s2)]
     assert fraction_of_peak(nhwc[0], *AVX512, measured)[1] == pytest.approx(0.8 * reduce)
     assert fraction_of_peak(nhwc[1], *AVX512, measured)[1] == pytest.approx(0.4 * reduce)
     assert fraction_of_peak(s1, *AVX512)[1] == pytest.approx(efficiency.E_DEPTHWISE[1] * reduce)
     assert fraction_of_peak(nhwc[1], *AVX512)[1] == pytest.approx(
         efficiency.E_CHANNELS_LAST[2] * reduce)
+    # channel counts no vector divides run narrower vectors channels-last (58: 2 lanes)
+    ragged = efficiency.Geometry(9, None, None, 58, None, 1)
+    assert fraction_of_peak(ragged, *AVX512, measured)[1] == pytest.approx(
+        0.8 * reduce * (2 / 16) ** 0.5)
+    assert fraction_of_peak(ragged, *AVX2, measured)[1] == pytest.approx(
+        0.8 * reduce * (2 / 8) ** 0.5)
     dense = _geometry(_conv(64, 64, 28, 3))
     assert fraction_of_peak(dense, *AVX512, measured) == fraction_of_peak(dense, *AVX512)
     # and the analytical model passes the target's shares on: a host whose NCHW kernel
@@ -157,3 +164,16 @@ def test_shares_stay_below_one(regs):
         geometry = [n.geometry for n in graph.nodes if n.geometry is not None]
         for g in geometry:
             assert 0.0 < fraction_of_peak(g, *regs)[1] < 1.0
+
+
+
+def test_the_general_tiling_fills_the_lanes_its_vector_tile_takes():
+    """``vector_fill`` follows ``_common.vector_tile``: whole vectors where the lanes divide
+    the extent, one partial register below them, else vectors as wide as its largest divisor
+    below the lanes (232 channels: 8 of 16)."""
+    assert efficiency.vector_fill(232, 16) == 0.5 and efficiency.vector_fill(256, 16) == 1.0
+    assert efficiency.vector_fill(7, 16) == 7 / 16  # one partial register
+    assert efficiency.vector_fill(58, 16) == 2 / 16 and efficiency.vector_fill(58, 8) == 2 / 8
+    tiled = efficiency.Geometry(232, None, None, 232)
+    assert fraction_of_peak(tiled, *AVX512) == (
+        "tiled", pytest.approx(efficiency.E_PATH["tiled"] * 0.5 * 232 / (232 + efficiency.K0)))
