@@ -71,6 +71,13 @@ E_PATH = {"gemm": 1.0, "conv": 1.0, "tiled": 0.82}
 E_ACTIVATION = 0.78
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
 E_DEPTHWISE = {1: 0.70, 2: 0.32}
+# The channels-last depthwise kernel's share on channel counts whole vectors do not divide,
+# against the whole-vector share, by how many times narrower its channel tile is: the geomean
+# of the ratios measured at 7-28 px, strides 1 and 2 (half the lanes 0.70-0.85, a quarter
+# 0.42-0.64, an eighth 0.21-0.32; AVX-512, rocketlake, 2026-12-08, docs/log/2026-12-08.md).
+# The share falls slower than the lanes: at full width the kernel is bound by its loads as
+# much as by its FMAs. Narrower still: halving per halving.
+NARROW_VECTORS = {1: 1.0, 2: 0.77, 4: 0.53, 8: 0.26}
 # The channels-last depthwise kernel's (``depthwise_nhwc.py``), the same way: 15 corpus shapes
 # at 1 thread (``lab/layout_kernels.py``, rocketlake, 239 GFLOP/s FMA-chain peak; 11 stride-1
 # shapes 0.52-1.04, 4 stride-2 ones 0.21-0.74; on the same run the NCHW kernel's shares were
@@ -208,10 +215,8 @@ def _depthwise_share(g: Geometry, lanes: int, measured: tuple | None) -> tuple[s
     """(path, share over the K term) of a depthwise block: the host's measured share of its
     layout's kernel at its stride (2 for any stride above), else the fitted one. Both were
     taken on channel counts whole vectors divide; a channels-last kernel on others runs
-    narrower vectors (``depthwise_nhwc.channel_tile``) at the square root of their share of
-    the lanes: measured 0.70-0.85 of the whole-vector share at half the lanes, 0.42-0.64 at
-    a quarter, 0.21-0.32 at an eighth (AVX-512, 7-28 px, strides 1 and 2, rocketlake,
-    2026-12-08), where the kernel at full width is bound by its loads as much as its FMAs."""
+    narrower vectors (``depthwise_nhwc.channel_tile``) at :data:`NARROW_VECTORS`' share of
+    it."""
     nchw = g.depthwise is not None
     stride = g.depthwise if nchw else g.channels_last
     if measured is not None:
@@ -221,7 +226,8 @@ def _depthwise_share(g: Geometry, lanes: int, measured: tuple | None) -> tuple[s
         fitted = E_DEPTHWISE if nchw else E_CHANNELS_LAST
         share = fitted.get(stride, fitted[2])
     if not nchw:
-        share *= math.sqrt(depthwise_nhwc.channel_tile(g.tiled, lanes) / lanes)
+        narrow = lanes // depthwise_nhwc.channel_tile(g.tiled, lanes)
+        share *= NARROW_VECTORS.get(narrow, NARROW_VECTORS[8] * 8 / narrow)
     return ("depthwise" if nchw else "channels_last"), share
 
 

@@ -126,10 +126,13 @@ def test_a_hosts_measured_depthwise_shares_price_its_depthwise_kernels():
         efficiency.E_CHANNELS_LAST[2] * reduce)
     # channel counts no vector divides run narrower vectors channels-last (58: 2 lanes)
     ragged = efficiency.Geometry(9, None, None, 58, None, 1)
+    narrow = efficiency.NARROW_VECTORS
     assert fraction_of_peak(ragged, *AVX512, measured)[1] == pytest.approx(
-        0.8 * reduce * (2 / 16) ** 0.5)
-    assert fraction_of_peak(ragged, *AVX2, measured)[1] == pytest.approx(
-        0.8 * reduce * (2 / 8) ** 0.5)
+        0.8 * reduce * narrow[8])
+    assert fraction_of_peak(ragged, *AVX2, measured)[1] == pytest.approx(0.8 * reduce * narrow[4])
+    one = efficiency.Geometry(9, None, None, 57, None, 1)  # odd: 1 lane of 16
+    assert fraction_of_peak(one, *AVX512, measured)[1] == pytest.approx(
+        0.8 * reduce * narrow[8] / 2)
     dense = _geometry(_conv(64, 64, 28, 3))
     assert fraction_of_peak(dense, *AVX512, measured) == fraction_of_peak(dense, *AVX512)
     # and the analytical model passes the target's shares on: a host whose NCHW kernel
