@@ -110,9 +110,9 @@ class FusionConfig:
     horizontal: str = "cost"
     # Depthwise and 1x1 convolutions channels-last (``layouts.py``): "cost" where the cost
     # model prices the model faster so, "never", or "always" (the trivial baselines). Off by
-    # default: on 14 corpus CNNs its cost decision is right on 19 of 23 clear cases at 1 and 2
-    # threads, but chose channels-last on shufflenet_v2 (0.92x / 0.88x) and kept NCHW on
-    # googlenet at 2 threads (channels-last 1.11x) (docs/log/2026-12-07h.md).
+    # default: on 14 corpus CNNs its cost decision is right on 19 of 22 clear cases at 1 and 2
+    # threads, but kept NCHW on mnasnet1_0 at 1 thread (channels-last 1.07x) and googlenet at 2
+    # (1.11x) and chose channels-last on regnet_y_400mf at 1 (0.96x) (docs/log/2026-12-08.md).
     layout: str = "never"
 
     def __post_init__(self) -> None:
