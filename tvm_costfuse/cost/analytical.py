@@ -241,10 +241,9 @@ def _gathers(f: GroupFeatures, target, card: Card) -> float:
 def _transposes(f: GroupFeatures, target) -> float:
     """Seconds of a lone CPU transpose moving the innermost axis (``transposed_elems``) at the
     host's tiled-transpose cost, over its cores. Its bytes alone priced such a kernel at the
-    stream's 0.09 ns an element in L2; as register tiles it runs 0.23-0.32 ns (rocketlake),
-    and a channels-last plan keeps one around every op that stays NCHW: shufflenet_v2's 25
-    ran 2.2x their price, and its channels-last plan was priced 7% faster where it ran 8%
-    slower (docs/log/2026-12-08.md)."""
+    stream's 0.09 ns an element in L2, where the tiles take 0.14 ns (rocketlake); a
+    channels-last plan keeps one around every op that stays NCHW (shufflenet_v2's data
+    movement ran 456 us, priced 239; docs/log/2026-12-08.md)."""
     if not f.transposed_elems or target.kind != "cpu":
         return 0.0
     return f.transposed_elems * target.transpose_seconds() / max(1, target.cores)

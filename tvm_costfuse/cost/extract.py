@@ -232,8 +232,8 @@ def _is_attention(graph: OpGraph, facts: dict[str, _NodeFacts], member,
 
 def _gathered(facts: dict[str, _NodeFacts], member, calls: list[_NodeFacts]) -> int:
     """Elements of the members that move the innermost axis and gather once inlined into the
-    group's kernel. A transpose alone is the tile rule's copy (:func:`_transposed`: 0.2-0.4
-    ns an element where the fused form took 1.5). Two such transposes
+    group's kernel. A transpose alone is the tile rule's copy (:func:`_transposed`: 0.13-0.14
+    ns an element in L2 where the fused form took 1.0-1.5). Two such transposes
     joined through data movement only are taken to undo each other, a heuristic that fits
     the round trips the importers emit (segformer's image -> tokens -> image around its GELU
     ran 75 us, contiguous; counted, priced 958 us); a pair that composes into another
