@@ -71,18 +71,19 @@ E_PATH = {"gemm": 1.0, "conv": 1.0, "tiled": 0.82}
 E_ACTIVATION = 0.78
 # A depthwise kernel's share by its stride, on top of the K term (fitted; see module doc).
 E_DEPTHWISE = {1: 0.70, 2: 0.32}
-# The channels-last depthwise kernel's share on channel counts whole vectors do not divide,
-# against the whole-vector share, by how many times narrower its channel tile is: the geomean
-# of the ratios measured at 7-28 px, strides 1 and 2 (half the lanes 0.70-0.85, a quarter
-# 0.42-0.64, an eighth 0.21-0.32; AVX-512, rocketlake, 2026-12-08, docs/log/2026-12-08.md).
-# The share falls slower than the lanes: at full width the kernel is bound by its loads as
-# much as by its FMAs. Narrower still: halving per halving.
-NARROW_VECTORS = {1: 1.0, 2: 0.77, 4: 0.53, 8: 0.26}
 # The channels-last depthwise kernel's (``depthwise_nhwc.py``), the same way: 15 corpus shapes
 # at 1 thread (``lab/layout_kernels.py``, rocketlake, 239 GFLOP/s FMA-chain peak; 11 stride-1
 # shapes 0.52-1.04, 4 stride-2 ones 0.21-0.74; on the same run the NCHW kernel's shares were
 # 0.30 and 0.10, where E_DEPTHWISE has znver4's).
 E_CHANNELS_LAST = {1: 0.82, 2: 0.44}
+# The channels-last depthwise kernel's share on channel counts whole vectors do not divide,
+# against the whole-vector share, by how many times narrower its channel tile is: the geomean
+# of the ratios measured at 7-28 px, strides 1 and 2 (half the lanes 0.70-0.85, a quarter
+# 0.42-0.64, an eighth 0.21-0.32; AVX-512, rocketlake, 2026-12-08, docs/log/2026-12-08.md).
+# The share falls slower than the lanes: at full width the kernel is bound by its loads as
+# much as by its FMAs. Narrower still: halving per halving. Applied by that ratio on AVX2 and
+# SSE too (not measured there); E_CHANNELS_LAST's fit held some half-vector shapes.
+NARROW_VECTORS = {1: 1.0, 2: 0.77, 4: 0.53, 8: 0.26}
 
 
 class GemmGeometry(NamedTuple):

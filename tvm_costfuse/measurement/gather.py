@@ -13,9 +13,8 @@ two and the fallback rule inlines the transpose, as it does in a model. Only 4-b
 permutations are marked as gathering (``schedules.transpose.gathers``).
 
 Alone, the same transpose runs as the tile rule's register tiles, and that too costs more than
-the stream of its bytes: 0.23-0.32 ns an element on a rocketlake core for images of 7 to 28
-pixels a side that stay in L2, where a streamed copy moves an element in 0.09 ns
-(``lab``'s probes, 2026-12-08). The cost model prices a lone one at ``transpose_s``, timed on
+the stream of its bytes: 0.14 ns an element on a rocketlake core for an image that stays in
+L2, where a streamed copy moves an element in 0.09 ns (2026-12-08). The cost model prices a lone one at ``transpose_s``, timed on
 an image that fits in L2 (``analytical._transposes``).
 """
 

@@ -26,9 +26,9 @@ EXP_FLOPS = 30.0
 #: 23.8 GB/s a core on two, 31. An uncalibrated host's DRAM default is 4 GB/s a core.
 GATHER_BYTES = 32.0
 #: The same for an element of a lone transpose that moves the innermost axis (the tile rule's
-#: kernel) where ``transpose_s`` was not measured: 0.27-0.30 ns on one rocketlake core against
-#: 14.2 GB/s (2026-12-08), 4 bytes.
-TRANSPOSE_BYTES = 4.0
+#: kernel) where ``transpose_s`` was not measured: 0.139 ns on one rocketlake core against
+#: 14.2 GB/s (2026-12-08), 2 bytes.
+TRANSPOSE_BYTES = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
