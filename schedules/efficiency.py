@@ -245,8 +245,6 @@ def vector_fill(extent: int, lanes: int) -> float:
     16 lanes, where a 7 x 7 x 232 channels-last 1x1 convolution with a constant weight ran at
     0.41 of the peak: the GEMM micro-kernel declines a weight no tile divides that fewer than
     ``PAD_WEIGHT_ROWS`` rows reuse)."""
-    if extent % lanes == 0 or extent < lanes:
-        return lane_fill(extent, lanes)
     return largest_divisor(extent, lanes) / lanes
 
 

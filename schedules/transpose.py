@@ -29,7 +29,7 @@ from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from ._common import int_extent, is_spatial
 from ._loops import parallelize
 
-__all__ = ["EDGES", "gathers", "schedule_transpose", "tiles"]
+__all__ = ["EDGES", "classify", "gathers", "schedule_transpose", "tiles"]
 
 #: Tile edges, tried widest first: 8 x 8 ran 1.45x a 16 x 16 tile on
 #: ``lab/transpose_tile_probe.py`` (measured with the other tile order; 16 vectors and their
@@ -115,8 +115,13 @@ def tiles(func: tirx.PrimFunc) -> bool:
     """Whether ``func``, alone in its kernel, runs as this rule's tiles: a :func:`gathers`
     permutation whose two axes an edge divides (the cost model prices it at the host's
     tiled-transpose cost; ``cost.analytical._transposes``)."""
+    return classify(func)[1]
+
+
+def classify(func: tirx.PrimFunc) -> tuple[bool, bool]:
+    """(:func:`gathers`, :func:`tiles`) of ``func``, its loops analysed once."""
     found = _found(func)
-    return found is not None and _edge(found[0], found[1]) is not None
+    return found is not None, found is not None and _edge(found[0], found[1]) is not None
 
 
 def schedule_transpose(sch: s_tir.Schedule, name: str):

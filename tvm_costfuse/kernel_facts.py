@@ -20,7 +20,7 @@ from .schedules.efficiency import Geometry
 from .schedules.efficiency import describe as contraction_geometry
 from .schedules.fast_math import is_integer_power
 from .schedules.math_calls import MATH_COST
-from .schedules.transpose import gathers, tiles
+from .schedules.transpose import classify
 
 __all__ = ["KernelFacts", "has_reshape_pattern", "kernel_facts"]
 
@@ -132,9 +132,8 @@ def kernel_facts(func: tvm.tirx.PrimFunc) -> KernelFacts:
         for buf in list(func.params)[-1:])
     geometry = contraction_geometry(func) if red > 1 and out and flops >= 1.5 * out * red \
         and not pool else None
-    moves = gathers(func) if not flops and red == 1 else False
-    return KernelFacts(flops, red, math_work, geometry, pool, ends, reduces, moves,
-                       moves and tiles(func))
+    moves, tiled = classify(func) if not flops and red == 1 else (False, False)
+    return KernelFacts(flops, red, math_work, geometry, pool, ends, reduces, moves, tiled)
 
 
 def has_reshape_pattern(func: tvm.tirx.PrimFunc) -> bool:
